@@ -1,0 +1,35 @@
+"""Shared fixtures: tiny tokenizers and tiny random decoders built from configs (offline, fast)."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+from tests.tiny import tiny_decoder, tiny_tokenizer  # noqa: E402
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: uses the real SmolLM2 decoder or runs long")
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+@pytest.fixture
+def tiny_model_dir(tmp_path, tokenizer):
+    """A saved tiny Llama causal LM with its tokenizer (no mask token), as a user's folder would be."""
+    model = tiny_decoder("llama", vocab_size=len(tokenizer))
+    path = tmp_path / "tiny-llama"
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
