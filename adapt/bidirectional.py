@@ -148,7 +148,7 @@ def probe(model, *, seq_len: int = 16, pad: int = 4, threshold: float = 1e-4, se
     window = sliding_window_of(config)
     if window:  # the late token must lie outside the window to tell a window from full attention
         seq_len = max(seq_len, window + 4)
-    vocab = inner.get_input_embeddings().num_embeddings
+    vocab = config.get_text_config().vocab_size
     pad_id = getattr(config, "pad_token_id", None)
     pad_id = 0 if pad_id is None or pad_id >= vocab else int(pad_id)
     device = next(inner.parameters()).device

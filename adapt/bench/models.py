@@ -1,0 +1,147 @@
+"""What ``adapt bench`` compares: model specs, their baselines, and loading them as encoders.
+
+A model spec is a source (an exported encoder, a converted run, a raw decoder folder / hub id /
+GGUF file, or a sentence-transformers model) plus how to pool it, written on the command line as
+``SOURCE`` or ``SOURCE@pooling=last,bidirectional=false,label=my name``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Protocol, runtime_checkable
+
+import numpy as np
+
+from adapt.errors import ConfigError
+
+OPTION_KEYS = ("pooling", "bidirectional", "normalize", "dtype", "label")
+_TRUE, _FALSE = {"true", "yes", "1", "on"}, {"false", "no", "0", "off"}
+
+
+@runtime_checkable
+class EncoderLike(Protocol):
+    """What the benchmark needs of an encoder (``adapt.encoder.Encoder`` fits; so do test fakes).
+
+    ``fingerprint`` (optional) identifies the weights and settings for the embedding cache;
+    without it the cache keys on ``name``.
+    """
+
+    name: str
+
+    def encode(self, texts: list[str], *, batch_size: int = 32, prompt_name: str | None = None,
+               normalize: bool | None = None, show_progress: bool = False) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model to benchmark: ``source`` plus loading options (``None`` = the model's own default)."""
+
+    source: str
+    pooling: str | None = None
+    bidirectional: bool | None = None
+    normalize: bool | None = None
+    dtype: str = "auto"
+    label: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> ModelSpec:
+        """``SOURCE[@key=value,...]``; keys: pooling, bidirectional, normalize, dtype, label."""
+        source, sep, opts = text.rpartition("@")
+        if not sep or not opts or "=" not in opts:
+            return cls(source=text)
+        values: dict = {}
+        for item in opts.split(","):
+            key, eq, value = (s.strip() for s in item.partition("="))
+            if not eq or key not in OPTION_KEYS:
+                raise ConfigError(f"model spec {text!r}: unknown option {key!r}; known: {', '.join(OPTION_KEYS)}")
+            if key in ("bidirectional", "normalize"):
+                if value.lower() not in _TRUE | _FALSE:
+                    raise ConfigError(f"model spec {text!r}: {key} must be true or false, not {value!r}")
+                values[key] = value.lower() in _TRUE
+            else:
+                values[key] = value
+        return cls(source=source, **values)
+
+    def options(self) -> dict:
+        """The loading options that differ from the defaults (the label is not one)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in ("source", "label") and getattr(self, f.name) != f.default}
+
+    def canonical(self) -> str:
+        """A stable text form: ``source@k=v,...`` with sorted options (part of the cache key)."""
+        opts = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in sorted(self.options().items()))
+        return f"{self.source}@{opts}" if opts else self.source
+
+    @property
+    def display(self) -> str:
+        """The name shown in reports: the label, else the source's last path part with its options."""
+        if self.label:
+            return self.label
+        base = Path(self.source.rstrip("/")).name or self.source
+        opts = ", ".join(f"{k}={v}" for k, v in sorted(self.options().items()))
+        return f"{base} ({opts})" if opts else base
+
+
+def as_spec(model: str | ModelSpec) -> ModelSpec:
+    return model if isinstance(model, ModelSpec) else ModelSpec.parse(str(model))
+
+
+def find_source(model: str | Path) -> str | None:
+    """The source decoder of a converted run folder (``run/config.yaml``'s ``model.source``), or None."""
+    config = Path(model) / "run" / "config.yaml"
+    if not config.is_file():
+        return None
+    import yaml
+
+    try:
+        raw = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
+        section = raw.get("model") or {}
+        source, gguf = section.get("source"), section.get("gguf_file")
+    except (yaml.YAMLError, AttributeError) as e:
+        raise ConfigError(f"{config}: cannot read model.source ({e})") from None
+    if not source:
+        return None
+    if gguf:
+        try:  # a GGUF inside a folder or an installed package: point at the file itself
+            from adapt.loading import resolve_source
+
+            resolved = resolve_source(str(source), gguf)
+            if resolved.is_local:
+                return str(Path(resolved.path) / gguf)
+        except Exception:  # noqa: BLE001 - fall back to the source as written
+            pass
+    return str(source)
+
+
+def baseline_specs(model: ModelSpec, source: str | None = None) -> list[ModelSpec]:
+    """The source decoder as it was (causal, mean- and last-token-pooled) and made bidirectional
+    without training (mean-pooled), for comparison with the converted ``model``."""
+    source = source or find_source(model.source)
+    if not source:
+        raise ConfigError(f"--baselines needs a converted model (a folder with run/config.yaml naming model.source); "
+                          f"{model.source} has none. Pass the source decoder explicitly instead.")
+    name = Path(source.rstrip("/")).name or source
+    return [
+        ModelSpec(source, pooling="mean", bidirectional=False, dtype=model.dtype, label=f"{name} (causal, mean)"),
+        ModelSpec(source, pooling="last", bidirectional=False, dtype=model.dtype, label=f"{name} (causal, last)"),
+        ModelSpec(source, pooling="mean", bidirectional=True, dtype=model.dtype,
+                  label=f"{name} (bidirectional, mean, untrained)"),
+    ]
+
+
+Loader = Callable[[ModelSpec, int | None], EncoderLike]
+
+
+def default_loader(spec: ModelSpec, max_length: int | None) -> EncoderLike:
+    """Load ``spec`` with :func:`adapt.encoder.load_encoder`."""
+    from adapt.encoder import load_encoder
+
+    return load_encoder(spec.source, pooling=spec.pooling, bidirectional=spec.bidirectional,
+                        normalize=spec.normalize, dtype=spec.dtype, max_length=max_length)
+
+
+def encoder_key(encoder: EncoderLike, spec: ModelSpec | None, max_length: int | None) -> str:
+    """What the embedding cache keys a model on: its fingerprint (or name), spec and max_length."""
+    ident = getattr(encoder, "fingerprint", None) or getattr(encoder, "name", None) or type(encoder).__name__
+    return f"{ident}|{spec.canonical() if spec else ''}|max_length={max_length}"

@@ -1,0 +1,189 @@
+"""``run_bench``: score models on tasks and write the reports (the library behind ``adapt bench``).
+
+Example::
+
+    from adapt.bench import run_bench
+    report = run_bench(["out/smollm2-mntp"], suite="quick", out_dir="bench-out", baselines=True)
+    print(report.markdown)
+"""
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from adapt.bench import quick
+from adapt.bench.cache import EmbeddingCache, embed
+from adapt.bench.folders import is_task_folder, load_task_folder
+from adapt.bench.models import EncoderLike, Loader, ModelSpec, as_spec, baseline_specs, default_loader, encoder_key
+from adapt.bench.report import BenchReport, versions, write_reports
+from adapt.bench.tasks import Task
+from adapt.errors import ConfigError, DataError
+
+SUITES: dict[str, list[str]] = {
+    "quick": quick.QUICK_TASKS,
+    "mteb-lite": ["SciFact", "NFCorpus", "ArguAna", "Banking77Classification", "EmotionClassification",
+                  "STSBenchmark"],
+    "mteb-mock": ["MockRetrievalTask", "MockClassificationTask", "MockSTSTask", "MockClusteringTask"],
+}
+SUITE_HELP = {
+    "quick": "offline: real English text from gensim's test data (similarity, 2x classification, clustering, "
+             "Wikipedia retrieval); minutes on a CPU",
+    "mteb-lite": "6 MTEB tasks scored by mteb (needs a network to download them)",
+    "mteb-mock": "mteb's tiny offline mock tasks: checks the MTEB path, scores mean nothing",
+}
+
+
+def list_suites() -> dict[str, list[str]]:
+    """Suite name -> its task names (descriptions in ``SUITE_HELP``)."""
+    return {name: list(tasks) for name, tasks in SUITES.items()}
+
+
+@dataclass
+class MtebTaskRef:
+    """An MTEB task resolved by name; mteb loads and scores it while the model is benchmarked."""
+
+    name: str
+    task: object
+
+    @property
+    def kind(self) -> str:
+        from adapt.bench.mteb_tasks import task_kind
+
+        return task_kind(self.task)
+
+
+def resolve_task(ref: str | Path | Task) -> Task | MtebTaskRef:
+    """A quick-suite task name, a task folder, ``mteb:NAME`` or an MTEB task name -> a task."""
+    if isinstance(ref, Task):
+        return ref
+    text = str(ref)
+    if text.startswith("mteb:"):
+        return _mteb_ref(text[5:])
+    if text in quick.BUILDERS:
+        return quick.load_quick_task(text)
+    path = Path(text).expanduser()
+    if path.exists():
+        if not is_task_folder(path):
+            raise DataError(f"{path} is not a task folder (see adapt/bench/folders.py for the layouts)")
+        return load_task_folder(path)
+    if "/" in text or "\\" in text or text.startswith("."):
+        raise DataError(f"task folder {text} does not exist")
+    return _mteb_ref(text)
+
+
+def _mteb_ref(name: str) -> MtebTaskRef:
+    from adapt.bench import mteb_tasks
+
+    try:
+        return MtebTaskRef(name, mteb_tasks.get_task(name))
+    except DataError as e:
+        raise DataError(f"{e}. Quick-suite tasks: {', '.join(quick.BUILDERS)}; suites: {', '.join(SUITES)}") from None
+
+
+def task_refs(suite: str | None, tasks: list | None) -> list:
+    """The task list of a run: ``tasks`` when given, else the suite's."""
+    if tasks:
+        return list(tasks)
+    if suite is None:
+        raise ConfigError("nothing to run: give a suite or tasks")
+    if suite not in SUITES:
+        raise ConfigError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")
+    return list(SUITES[suite])
+
+
+def expand_models(models: list, baselines: bool, source: str | None) -> list[tuple[ModelSpec | None, object]]:
+    """(spec, encoder-or-None) pairs in report order: each model, then its baselines (deduplicated)."""
+    out: list[tuple[ModelSpec | None, object]] = []
+    seen: set[str] = set()
+    for model in models:
+        if isinstance(model, EncoderLike) and not isinstance(model, (str, ModelSpec)):
+            out.append((None, model))
+            continue
+        spec = as_spec(model)
+        for s in [spec] + (baseline_specs(spec, source) if baselines else []):
+            if s.canonical() not in seen:
+                seen.add(s.canonical())
+                out.append((s, None))
+    if not out:
+        raise ConfigError("no model to benchmark")
+    return out
+
+
+def _unique_names(entries) -> list[str]:
+    names, counts = [], {}
+    for spec, encoder in entries:
+        name = spec.display if spec is not None else getattr(encoder, "name", type(encoder).__name__)
+        counts[name] = counts.get(name, 0) + 1
+        names.append(name if counts[name] == 1 else f"{name} #{counts[name]}")
+    return names
+
+
+def run_bench(models: list, *, suite: str | None = "quick", tasks: list | None = None,
+              out_dir: str | Path, baselines: bool = False, source: str | None = None, batch_size: int = 32,
+              max_length: int | None = 256, limit: int | None = None, show_progress: bool = True,
+              loader: Loader | None = None, use_cache: bool = True) -> BenchReport:
+    """Score ``models`` on a suite (or on ``tasks``) and write results.json/.md/.png under ``out_dir``.
+
+    ``models``: paths / hub ids / ``SOURCE@pooling=last,bidirectional=false`` strings, ModelSpec
+    objects, or already-loaded encoders. ``baselines``: also score the source decoder of each
+    converted model (``source`` overrides the one read from ``MODEL/run/config.yaml``).
+    ``tasks``, when given, replaces the suite: quick task names, task folders or MTEB task names.
+    ``max_length`` caps tokens per text; ``limit`` caps examples per split (smoke runs).
+    Embeddings are cached under ``out_dir/cache`` unless ``use_cache`` is False.
+    """
+    from tqdm.auto import tqdm
+
+    out_dir = Path(out_dir)
+    resolved = [resolve_task(ref) for ref in task_refs(suite, tasks)]  # fail on a bad task before loading models
+    if limit is not None:
+        resolved = [t.limited(limit) if isinstance(t, Task) else t for t in resolved]
+    names = [t.name for t in resolved]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"two tasks share a name: {names}; give a task folder a different name in its task.json")
+    entries = expand_models(list(models), baselines, source)
+    display = _unique_names(entries)
+    cache = EmbeddingCache(out_dir / "cache" if use_cache else None)
+    loader = loader or default_loader
+    env = versions()
+    rows: list[dict] = []
+    bar = tqdm(total=len(entries) * len(resolved), disable=not show_progress, desc="bench", unit="task")
+    for (spec, encoder), name in zip(entries, display):
+        bar.set_postfix_str(f"loading {name}")
+        encoder = encoder if encoder is not None else loader(spec, max_length)
+        key = encoder_key(encoder, spec, max_length)
+        for task in resolved:
+            bar.set_postfix_str(f"{name}: {task.name}")
+            start = time.perf_counter()
+            scores, main, n, kind = _score(task, encoder, cache, key, name, batch_size)
+            seconds = round(time.perf_counter() - start, 3)
+            for metric, value in scores.items():
+                rows.append({"model": name, "task": task.name, "kind": kind, "metric": metric, "value": value,
+                             "main": metric == main, "n": n, "seconds": seconds,
+                             "spec": spec.canonical() if spec else None, "versions": env})
+            bar.update(1)
+        del encoder
+        gc.collect()
+    bar.close()
+    title = f"adapt bench: {suite}" if not tasks and suite else "adapt bench"
+    report = write_reports(rows, out_dir, title)
+    report.cache_hits, report.cache_misses = cache.hits, cache.misses
+    return report
+
+
+def _score(task, encoder: EncoderLike, cache: EmbeddingCache, key: str, name: str, batch_size: int):
+    """(metric -> value, main metric, n, kind) of one model on one task."""
+    if isinstance(task, MtebTaskRef):
+        from adapt.bench import mteb_tasks
+
+        def embed_fn(texts, prompt):
+            return embed(encoder, texts, prompt=prompt, batch_size=batch_size, cache=cache, model_key=key,
+                         model_name=name)
+
+        scores, main, n = mteb_tasks.evaluate(task.task, embed_fn, model_name=name, batch_size=batch_size)
+        return scores, main, n, task.kind
+    embeddings = {group: embed(encoder, g.texts, prompt=g.prompt, batch_size=batch_size, cache=cache,
+                               model_key=key, model_name=name)
+                  for group, g in task.groups().items()}
+    return task.score(embeddings), task.main_metric, task.n, task.kind

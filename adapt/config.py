@@ -1,0 +1,241 @@
+"""Run configuration: dataclasses that explain themselves, YAML presets in, resolved YAML out.
+
+A run is ``RunConfig(model, data, objective, tuning, train, export)``. Presets under ``presets/``
+are partial dicts of the same shape; ``--set section.key=value`` overrides any field. Every value is
+checked in ``__post_init__`` so a bad preset fails before any model is loaded.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from adapt.errors import ConfigError
+
+PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+def _help(text: str, default=dataclasses.MISSING, default_factory=dataclasses.MISSING):
+    kw = {"metadata": {"help": text}}
+    if default_factory is not dataclasses.MISSING:
+        return field(default_factory=default_factory, **kw)
+    return field(default=default, **kw)
+
+
+@dataclass
+class ModelConfig:
+    source: str = _help("decoder to convert: a local folder, a hub id, a .gguf file, or py:PACKAGE "
+                        "(the folder of an installed Python package that ships a model)", "")
+    gguf_file: str | None = _help("GGUF file name inside `source` when it is a folder", None)
+    dtype: str = _help("weights dtype: auto (as stored), float32, bfloat16, float16", "auto")
+    attn_implementation: str | None = _help("sdpa, eager, flash_attention_2, flex_attention; "
+                                            "default: the family's preferred one from adapt/arch.py", None)
+    sliding_window: str = _help("full: local layers become full attention; keep: keep the window", "full")
+    mask_token: str = _help("auto | tokenizer | reserved | add | underscore | eos | a literal token", "auto")
+    trust_remote_code: bool = _help("allow code from the model repository (off unless asked)", False)
+    allow_pickle: bool = _help("allow loading pickle (.bin) weights; safetensors only otherwise", False)
+    revision: str | None = _help("hub revision (branch, tag or commit)", None)
+
+    def __post_init__(self):
+        _check(self.dtype in ("auto", "float32", "bfloat16", "float16"),
+               f"model.dtype must be auto, float32, bfloat16 or float16, not {self.dtype!r}")
+        _check(self.sliding_window in ("full", "keep"), "model.sliding_window must be 'full' or 'keep'")
+        _check(isinstance(self.mask_token, str) and self.mask_token != "", "model.mask_token must be a non-empty string")
+
+
+@dataclass
+class DataConfig:
+    sources: list[str] = _help("text files, jsonl, parquet, folders of these, or hf:NAME[:CONFIG]",
+                               default_factory=list)
+    text_field: str = _help("field/column holding the text in jsonl and parquet", "text")
+    seq_len: int = _help("tokens per packed training sequence", 128)
+    eval_fraction: float = _help("fraction of packed blocks held out for eval loss and accuracy", 0.05)
+    max_tokens: int | None = _help("stop reading the corpus after this many tokens", None)
+
+    def __post_init__(self):
+        if isinstance(self.sources, str):
+            self.sources = [self.sources]
+        _check(self.seq_len >= 8, "data.seq_len must be at least 8")
+        _check(0 < self.eval_fraction < 0.5, "data.eval_fraction must be in (0, 0.5)")
+
+
+@dataclass
+class ObjectiveConfig:
+    schedule: Any = _help("mlm | mntp | clm, a mixture {mlm: 0.75, clm: 0.25}, or phases "
+                          "[{objective: clm, until: 0.5}, {objective: mlm, until: 1.0}]", "mlm")
+    mask_ratio: float = _help("fraction of tokens masked (20 to 50 percent are the useful range)", 0.3)
+    replacement: str = _help("80-10-10 (mask / random / keep) or mask (all mask token)", "80-10-10")
+
+    def __post_init__(self):
+        _check(0.0 < self.mask_ratio < 1.0, f"objective.mask_ratio must be in (0, 1), not {self.mask_ratio}")
+        _check(self.replacement in ("80-10-10", "mask"), "objective.replacement must be '80-10-10' or 'mask'")
+        from adapt.objectives import ObjectiveSchedule
+
+        try:
+            ObjectiveSchedule(self.schedule)
+        except (ValueError, TypeError, ConfigError) as e:
+            raise ConfigError(f"objective.schedule: {e}") from None
+
+
+@dataclass
+class TuningConfig:
+    method: str = _help("full | lora | qlora", "full")
+    lora_r: int = _help("LoRA rank", 16)
+    lora_alpha: int = _help("LoRA alpha", 32)
+    lora_dropout: float = _help("LoRA dropout", 0.05)
+    target_modules: Any = _help("registry (the family's facts), all-linear, or a list of module names", "registry")
+    quant_bits: int = _help("qlora: 4 or 8", 4)
+    quant_type: str = _help("qlora 4-bit type: nf4 or fp4", "nf4")
+    double_quant: bool = _help("qlora: double quantization", True)
+    gradient_checkpointing: bool = _help("trade compute for memory", False)
+
+    def __post_init__(self):
+        _check(self.method in ("full", "lora", "qlora"), f"tuning.method must be full, lora or qlora, not {self.method!r}")
+        _check(self.lora_r > 0 and self.lora_alpha > 0, "tuning.lora_r and lora_alpha must be positive")
+        _check(0 <= self.lora_dropout < 1, "tuning.lora_dropout must be in [0, 1)")
+        _check(self.quant_bits in (4, 8), "tuning.quant_bits must be 4 or 8")
+        _check(self.quant_type in ("nf4", "fp4"), "tuning.quant_type must be nf4 or fp4")
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = _help("optimizer steps", 100)
+    batch_size: int = _help("sequences per micro-batch per process", 8)
+    grad_accum: int = _help("micro-batches per optimizer step", 1)
+    lr: float = _help("peak learning rate", 5e-5)
+    weight_decay: float = _help("AdamW weight decay", 0.01)
+    warmup_ratio: float = _help("fraction of steps of linear warmup", 0.05)
+    scheduler: str = _help("cosine | linear | constant (after warmup)", "cosine")
+    max_grad_norm: float = _help("gradient clipping norm (0 disables)", 1.0)
+    mixed_precision: str = _help("no | bf16 | fp16 (Accelerate autocast)", "no")
+    eval_every: int = _help("evaluate every N steps (0: only at the end)", 50)
+    eval_batches: int = _help("held-out batches per evaluation", 8)
+    save_every: int = _help("checkpoint every N steps (0: only at the end)", 50)
+    keep_checkpoints: int = _help("checkpoints kept on disk", 2)
+    log_every: int = _help("metrics log interval in steps", 10)
+    seed: int = _help("seed for data order, masking and init", 0)
+    trackers: list[str] = _help("Accelerate trackers: tensorboard, wandb (used when installed)", default_factory=list)
+
+    def __post_init__(self):
+        _check(self.max_steps > 0, "train.max_steps must be positive")
+        _check(self.batch_size > 0 and self.grad_accum > 0, "train.batch_size and grad_accum must be positive")
+        _check(self.lr > 0, "train.lr must be positive")
+        _check(0 <= self.warmup_ratio < 1, "train.warmup_ratio must be in [0, 1)")
+        _check(self.scheduler in ("cosine", "linear", "constant"), "train.scheduler must be cosine, linear or constant")
+        _check(self.mixed_precision in ("no", "bf16", "fp16"), "train.mixed_precision must be no, bf16 or fp16")
+        _check(self.keep_checkpoints >= 1, "train.keep_checkpoints must be at least 1")
+
+
+@dataclass
+class ExportConfig:
+    pooling: str = _help("mean | weightedmean | lasttoken | cls", "mean")
+    normalize: bool = _help("L2-normalize embeddings", False)
+    max_seq_length: int = _help("encoder max sequence length", 512)
+    prompts: dict = _help("prompts by name, e.g. {query: 'query: '}", default_factory=dict)
+    dtype: str | None = _help("saved dtype: float32, bfloat16, float16 (default: as trained)", None)
+
+    def __post_init__(self):
+        _check(self.pooling in ("mean", "weightedmean", "lasttoken", "cls"),
+               f"export.pooling must be mean, weightedmean, lasttoken or cls, not {self.pooling!r}")
+        _check(self.dtype in (None, "float32", "bfloat16", "float16"), "export.dtype must be float32, bfloat16 or float16")
+
+
+SECTIONS = {"model": ModelConfig, "data": DataConfig, "objective": ObjectiveConfig, "tuning": TuningConfig,
+            "train": TrainConfig, "export": ExportConfig}
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    tuning: TuningConfig = field(default_factory=TuningConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+    description: str = ""
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "RunConfig":
+        raw = dict(raw or {})
+        description = raw.pop("description", "") or ""
+        unknown = set(raw) - set(SECTIONS)
+        _check(not unknown, f"unknown config section(s) {sorted(unknown)}; known: {sorted(SECTIONS)}")
+        parts = {}
+        for name, klass in SECTIONS.items():
+            values = raw.get(name) or {}
+            _check(isinstance(values, dict), f"config section {name!r} must be a mapping")
+            known = {f.name for f in fields(klass)}
+            bad = set(values) - known
+            _check(not bad, f"unknown key(s) {sorted(bad)} in section {name!r}; known: {sorted(known)}")
+            try:
+                parts[name] = klass(**values)
+            except TypeError as e:
+                raise ConfigError(f"section {name!r}: {e}") from None
+        return cls(**parts, description=description)
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        if not out["description"]:
+            out.pop("description")
+        return out
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def list_presets() -> dict[str, Path]:
+    return {p.stem: p for p in sorted(PRESETS_DIR.glob("*.yaml"))}
+
+
+def load_preset(name_or_path: str) -> dict:
+    """A preset by name (``presets/NAME.yaml``) or a path to a YAML file, as a raw dict."""
+    path = Path(name_or_path)
+    if not path.is_file():
+        presets = list_presets()
+        _check(name_or_path in presets,
+               f"no preset {name_or_path!r}; available: {', '.join(presets)} (or give a path to a YAML file)")
+        path = presets[name_or_path]
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    _check(isinstance(raw, dict), f"{path}: a preset must be a mapping of sections")
+    return raw
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Apply ``section.key=value`` overrides (value parsed as YAML) to a raw config dict."""
+    raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in (raw or {}).items()}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        _check(bool(sep) and "." in key, f"--set expects section.key=value, got {item!r}")
+        section, _, name = key.partition(".")
+        _check(section in SECTIONS, f"--set {item!r}: unknown section {section!r}; known: {sorted(SECTIONS)}")
+        try:
+            parsed = yaml.safe_load(value) if value != "" else ""
+        except yaml.YAMLError:
+            parsed = value
+        raw.setdefault(section, {})
+        raw[section] = dict(raw[section] or {})
+        raw[section][name] = parsed
+    return raw
+
+
+def build_config(preset: str | None = None, overrides: list[str] = (), **explicit) -> RunConfig:
+    """Preset, then explicit arguments (``section__key=value``, None skipped), then ``--set`` overrides."""
+    raw = load_preset(preset) if preset else {}
+    for key, value in explicit.items():
+        if value is None:
+            continue
+        section, _, name = key.partition("__")
+        raw[section] = {**(raw.get(section) or {}), name: value}
+    raw = apply_overrides(raw, list(overrides))  # --set has the last word
+    return RunConfig.from_dict(raw)

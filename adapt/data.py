@@ -1,0 +1,530 @@
+"""Text sources -> packed token blocks on disk -> deterministic, resumable batches.
+
+Data flows one way through three pieces:
+
+1. :func:`iter_documents` streams :class:`Document` objects from text files (``.txt .text .md``),
+   JSON lines (``.jsonl .jsonlines .ndjson .json``), parquet, any of the text/JSON-lines files
+   compressed (``.gz .bz2 .xz``), folders of those (recursively, in sorted order) and hub datasets
+   (``hf:NAME[:CONFIG]``, streamed). Nothing reads a whole file into memory.
+2. :func:`build_token_store` tokenizes the documents in batches, joins them with an EOS separator,
+   packs the token stream into fixed blocks of ``seq_len`` (no padding; the last partial block is
+   dropped) and appends the blocks to ``train.npy`` / ``eval.npy`` (uint32, ``(N, seq_len)``), so
+   memory stays O(one batch of documents). A ``meta.json`` fingerprint of the inputs lets a second
+   call reuse the store and a changed input rebuild it.
+3. :class:`BatchIterator` yields batch ``k`` of a run as a pure function of ``(seed, k)``: resuming
+   at ``start_step`` gives exactly the batches an uninterrupted run would have seen, and each of
+   ``world_size`` processes gets a disjoint slice of every global batch.
+"""
+from __future__ import annotations
+
+import bz2
+import contextlib
+import dataclasses
+import gzip
+import hashlib
+import json
+import logging
+import lzma
+import math
+import os
+import struct
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from adapt.errors import DataError
+from adapt.io_utils import atomic_write_json
+
+log = logging.getLogger(__name__)
+
+TEXT_EXTS = (".txt", ".text", ".md")
+JSONL_EXTS = (".jsonl", ".jsonlines", ".ndjson", ".json")
+PARQUET_EXTS = (".parquet",)
+_OPENERS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
+SUPPORTED = ", ".join(TEXT_EXTS + JSONL_EXTS + PARQUET_EXTS) + " (text and JSON lines may end in .gz/.bz2/.xz)"
+HUB_PREFIX = "hf:"
+
+MAX_DOC_CHARS = 1_000_000  # a paragraph longer than this is cut at a line boundary (bounded memory)
+DOC_BATCH = 512  # documents per tokenizer call
+DOC_BATCH_CHARS = 4_000_000  # ... or fewer, when they are long
+STORE_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Document:
+    text: str
+    source: str  # the file path, or hf:NAME[:CONFIG]
+    line: int  # 1-based: first line of a text paragraph, the JSON line, or the parquet/hub row
+
+
+# ----------------------------------------------------------------------------------------- sources
+
+def _kind(path: Path) -> tuple[str | None, str | None]:
+    """(format, compression) from a file name: ``a.jsonl.gz`` -> ``("jsonl", ".gz")``."""
+    suffixes = [s.lower() for s in path.suffixes]
+    comp = suffixes.pop() if suffixes and suffixes[-1] in _OPENERS else None
+    ext = suffixes[-1] if suffixes else ""
+    if ext in TEXT_EXTS:
+        return "text", comp
+    if ext in JSONL_EXTS:
+        return "jsonl", comp
+    if ext in PARQUET_EXTS and comp is None:  # parquet compresses inside the file
+        return "parquet", None
+    return None, comp
+
+
+def _is_hub(source) -> bool:
+    return isinstance(source, str) and source.startswith(HUB_PREFIX) and not Path(source).exists()
+
+
+def resolve_sources(sources) -> list[Path | str]:
+    """Expand folders into their supported files (recursively, sorted) and check every path exists.
+
+    ``sources`` is one path / ``hf:`` spec or a list of them. Hidden files and folders are skipped.
+    """
+    if isinstance(sources, (str, os.PathLike)):
+        sources = [sources]
+    out: list[Path | str] = []
+    for source in sources:
+        if _is_hub(source):
+            out.append(source)
+            continue
+        path = Path(source).expanduser()
+        if not path.exists():
+            raise DataError(f"data source not found: {source}. Pass a file ({SUPPORTED}), a folder of "
+                            f"them, or hf:NAME[:CONFIG] for a hub dataset.")
+        if path.is_dir():
+            files = sorted(f for f in path.rglob("*") if f.is_file() and _kind(f)[0]
+                           and not any(part.startswith(".") for part in f.relative_to(path).parts))
+            if not files:
+                raise DataError(f"folder {path} holds no supported data files ({SUPPORTED}).")
+            out.extend(files)
+        elif _kind(path)[0] is None:
+            raise DataError(f"{path}: not a supported data file (its name ends in {''.join(path.suffixes) or 'nothing'}). "
+                            f"Supported: {SUPPORTED}.")
+        else:
+            out.append(path)
+    if not out:
+        raise DataError("no data sources given.")
+    return out
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(1-based line number, decoded line) of a possibly compressed UTF-8 text file, streamed."""
+    opener = _OPENERS.get(_kind(path)[1], open)
+    lineno = 0
+    try:
+        with opener(path, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                if b"\0" in raw:
+                    raise DataError(f"{path}:{lineno}: holds a NUL byte, so it is a binary file (or UTF-16 text), "
+                                    f"not UTF-8 text. Pass text, JSON lines or parquet files (convert UTF-16 to UTF-8).")
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise DataError(f"{path}:{lineno}: not valid UTF-8 (byte {raw[e.start]:#04x} at byte offset "
+                                    f"{e.start} of the line). Convert the file to UTF-8, for example "
+                                    f"`iconv -f latin1 -t utf-8 IN > OUT`.") from None
+                if lineno == 1:
+                    text = text.removeprefix("\ufeff")  # a UTF-8 byte order mark
+                yield lineno, text.rstrip("\r\n")
+    except (OSError, EOFError, lzma.LZMAError) as e:
+        raise DataError(f"{path}: cannot read it after line {lineno}: {e}") from e
+
+
+def _iter_text(path: Path) -> Iterator[Document]:
+    """One document per paragraph: a run of non-blank lines; blank lines separate documents."""
+    block: list[str] = []
+    start = size = 0
+    for lineno, line in _lines(path):
+        if line.strip():
+            if not block:
+                start = lineno
+            block.append(line)
+            size += len(line) + 1
+            if size < MAX_DOC_CHARS:
+                continue
+        if block:
+            yield Document("\n".join(block).strip(), str(path), start)
+            block, size = [], 0
+    if block:
+        yield Document("\n".join(block).strip(), str(path), start)
+
+
+def _text_of(record, field: str, where: str) -> str | None:
+    """The text in ``record[field]``; None for a null/blank value; DataError when it is not text."""
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: expected an object with a {field!r} field, got {type(record).__name__}.")
+    if field not in record:
+        keys = ", ".join(map(repr, list(record)[:20])) or "none"
+        raise DataError(f"{where}: no {field!r} field (fields: {keys}). Set the text field to the one "
+                        f"that holds the text.")
+    value = record[field]
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise DataError(f"{where}: field {field!r} holds {type(value).__name__}, not text.")
+    return value if value.strip() else None
+
+
+def _iter_jsonl(path: Path, field: str) -> Iterator[Document]:
+    for lineno, line in _lines(path):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg}). Each line must hold one JSON "
+                            f"object (JSON lines); convert a JSON array or pretty-printed JSON first.") from None
+        text = _text_of(record, field, f"{path}:{lineno}")
+        if text is not None:
+            yield Document(text, str(path), lineno)
+
+
+def _iter_parquet(path: Path, field: str, batch_rows: int = 1024) -> Iterator[Document]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(f"{path}: not a readable parquet file ({e}).") from e
+    schema = pf.schema_arrow
+    if field not in schema.names:
+        raise DataError(f"{path}: no column {field!r} (columns: {', '.join(schema.names)}). Set the text "
+                        f"field to the column that holds the text.")
+    kind = schema.field(field).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
+            or getattr(pa.types, "is_string_view", lambda _: False)(kind)):
+        raise DataError(f"{path}: column {field!r} holds {kind}, not text.")
+    row = 0
+    for batch in pf.iter_batches(batch_size=batch_rows, columns=[field]):  # row batches, not the file
+        for value in batch.column(0).to_pylist():
+            row += 1
+            if value and value.strip():
+                yield Document(value, str(path), row)
+
+
+def _iter_hub(spec: str, field: str, split: str) -> Iterator[Document]:
+    name, _, config = spec[len(HUB_PREFIX):].partition(":")
+
+    def rows():
+        try:
+            import datasets
+
+            yield from datasets.load_dataset(name, config or None, split=split, streaming=True)
+        except Exception as e:  # offline, unknown name, bad split...: all user-facing
+            raise DataError(f"could not stream hub dataset {spec!r} (split {split!r}): {type(e).__name__}: {e}. "
+                            f"The Hugging Face Hub may be unreachable from here, or the name, config or "
+                            f"split is wrong. Pass a local file or folder (text, JSON lines, parquet) "
+                            f"instead.") from e
+
+    for row, record in enumerate(rows(), 1):
+        text = _text_of(record, field, f"{spec} row {row}")
+        if text is not None:
+            yield Document(text, spec, row)
+
+
+def iter_documents(sources, *, text_field: str = "text", hub_split: str = "train") -> Iterator[Document]:
+    """Stream the documents of ``sources`` (see the module docstring for the formats).
+
+    Text files give one document per paragraph (blank-line separated); JSON lines one per line and
+    parquet/hub datasets one per row (field/column ``text_field``; null or blank values are skipped).
+    Raises :class:`DataError` for missing paths, unsupported or binary files, invalid UTF-8 (naming
+    the file and line), records without text, an unreachable hub, and a corpus with no text at all.
+    """
+    resolved = resolve_sources(sources)  # every path checked before the first document
+    found = 0
+    for source in resolved:
+        if isinstance(source, str):
+            docs = _iter_hub(source, text_field, hub_split)
+        else:
+            kind = _kind(source)[0]
+            docs = (_iter_text(source) if kind == "text" else _iter_jsonl(source, text_field) if kind == "jsonl"
+                    else _iter_parquet(source, text_field))
+        for doc in docs:
+            found += 1
+            yield doc
+    if not found:
+        names = ", ".join(map(str, resolved[:5])) + (" ..." if len(resolved) > 5 else "")
+        raise DataError(f"empty corpus: {names} hold no text. Check the files and the text field "
+                        f"({text_field!r}).")
+
+
+# ------------------------------------------------------------------------------------- token store
+
+class _BlockWriter:
+    """Appends ``(n, seq_len)`` uint32 blocks to a ``.npy`` file whose header is written last.
+
+    A fixed-size header is reserved up front and filled in on :meth:`close`, so blocks stream to disk
+    and the whole array never sits in memory (numpy reads headers padded with spaces).
+    """
+
+    HEADER_BYTES = 128
+
+    def __init__(self, path: Path, seq_len: int):
+        self.path, self.seq_len, self.rows = path, seq_len, 0
+        self.file = open(path, "w+b")
+        self.file.write(b"\0" * self.HEADER_BYTES)
+
+    def append(self, blocks: np.ndarray) -> None:  # (n, seq_len)
+        self.file.write(np.ascontiguousarray(blocks, dtype="<u4").tobytes())
+        self.rows += len(blocks)
+
+    def pop(self) -> np.ndarray:
+        """Remove the last block and return it, shape (1, seq_len)."""
+        nbytes = self.seq_len * 4
+        self.rows -= 1
+        self.file.seek(self.HEADER_BYTES + self.rows * nbytes)
+        block = np.frombuffer(self.file.read(nbytes), dtype="<u4").reshape(1, self.seq_len)
+        self.file.seek(self.HEADER_BYTES + self.rows * nbytes)
+        self.file.truncate()
+        return block
+
+    def close(self) -> None:
+        header = repr({"descr": "<u4", "fortran_order": False, "shape": (self.rows, self.seq_len)}).encode("latin1")
+        preamble = np.lib.format.magic(1, 0)
+        pad = self.HEADER_BYTES - len(preamble) - 2 - len(header) - 1
+        self.file.seek(0)
+        self.file.write(preamble + struct.pack("<H", len(header) + pad + 1) + header + b" " * pad + b"\n")
+        self.file.close()
+
+
+@dataclasses.dataclass
+class TokenStore:
+    """Packed token blocks on disk: ``train`` and ``eval`` are read-only (N, seq_len) uint32 memmaps."""
+
+    path: Path
+    train: np.ndarray
+    eval: np.ndarray
+    meta: dict
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.train.shape[1])
+
+    @property
+    def num_tokens(self) -> int:
+        return (len(self.train) + len(self.eval)) * self.seq_len
+
+    @classmethod
+    def open(cls, store_dir) -> TokenStore:
+        """Open a store built earlier (for example by the main process, from the other processes)."""
+        store_dir = Path(store_dir)
+        try:
+            meta = json.loads((store_dir / "meta.json").read_text(encoding="utf-8"))
+            train = np.load(store_dir / "train.npy", mmap_mode="r")
+            held = np.load(store_dir / "eval.npy", mmap_mode="r")
+        except (OSError, ValueError) as e:
+            raise DataError(f"no usable token store in {store_dir} ({e}); build it with build_token_store.") from e
+        if (len(train), len(held)) != (meta.get("train_blocks"), meta.get("eval_blocks")):
+            raise DataError(f"token store {store_dir} is inconsistent with its meta.json; delete it to rebuild.")
+        return cls(store_dir, train, held, meta)
+
+
+def _tokenizer_fingerprint(tokenizer) -> dict:
+    h = hashlib.sha256()
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:  # vocab, merges, normalizer, added tokens: all of it
+        h.update(backend.to_str().encode("utf-8"))
+    else:
+        h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode("utf-8"))
+    h.update(json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str).encode("utf-8"))
+    return {"name": str(getattr(tokenizer, "name_or_path", "")), "class": type(tokenizer).__name__,
+            "vocab_size": len(tokenizer), "sha256": h.hexdigest()}
+
+
+def _source_fingerprint(source, hub_split: str) -> dict:
+    if isinstance(source, str):  # a hub dataset: only its name can be known without a download
+        return {"hub": source, "split": hub_split}
+    stat = source.stat()
+    return {"path": str(source.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def _separator_id(tokenizer) -> int | None:
+    for name in ("eos_token_id", "sep_token_id", "bos_token_id"):
+        value = getattr(tokenizer, name, None)
+        if isinstance(value, int):
+            return value
+    log.warning("the tokenizer has no EOS/SEP/BOS token: documents are packed without a separator")
+    return None
+
+
+def _text_batches(docs: Iterable[Document]) -> Iterator[list[str]]:
+    batch: list[str] = []
+    chars = 0
+    for doc in docs:
+        batch.append(doc.text)
+        chars += len(doc.text)
+        if len(batch) >= DOC_BATCH or chars >= DOC_BATCH_CHARS:
+            yield batch
+            batch, chars = [], 0
+    if batch:
+        yield batch
+
+
+def build_token_store(sources, tokenizer, store_dir, *, seq_len: int, text_field: str = "text",
+                      eval_fraction: float = 0.05, max_tokens: int | None = None, seed: int = 0,
+                      hub_split: str = "train", show_progress: bool = True) -> TokenStore:
+    """Tokenize ``sources`` into ``store_dir`` (or reuse the store there if its inputs are unchanged).
+
+    Documents are tokenized without special tokens and each is followed by the tokenizer's EOS
+    (SEP or BOS if it has no EOS). The stream is cut into blocks of ``seq_len``; block ``i`` goes to
+    the eval split when ``(i + seed) % k == k - 1`` with ``k = round(1 / eval_fraction)``, and when at
+    least two blocks exist, at least one is held out. ``max_tokens`` caps the tokens kept (whole
+    blocks). ``eval_fraction=0`` holds nothing out. ``seed`` only shifts which blocks are held out.
+    """
+    if not isinstance(seq_len, int) or seq_len < 2:
+        raise DataError(f"seq_len must be an integer >= 2, not {seq_len!r}.")
+    if not 0 <= eval_fraction <= 0.5:
+        raise DataError(f"eval_fraction must be in [0, 0.5], not {eval_fraction!r}.")
+    if max_tokens is not None and max_tokens < seq_len:
+        raise DataError(f"max_tokens ({max_tokens}) is smaller than one block of seq_len={seq_len}.")
+    store_dir = Path(store_dir)
+    resolved = resolve_sources(sources)
+    separator = _separator_id(tokenizer)
+    inputs = {"version": STORE_VERSION, "sources": [_source_fingerprint(s, hub_split) for s in resolved],
+              "text_field": text_field, "tokenizer": _tokenizer_fingerprint(tokenizer), "separator": separator,
+              "seq_len": seq_len, "eval_fraction": eval_fraction, "max_tokens": max_tokens, "seed": seed}
+    fingerprint = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode("utf-8")).hexdigest()
+
+    with contextlib.suppress(DataError, OSError, ValueError):
+        store = TokenStore.open(store_dir)
+        if store.meta.get("fingerprint") == fingerprint:
+            log.info("reusing the token store in %s (%d tokens)", store_dir, store.num_tokens)
+            return store
+
+    store_dir.mkdir(parents=True, exist_ok=True)
+    (store_dir / "meta.json").unlink(missing_ok=True)  # the store is invalid until meta.json is rewritten
+    every = max(2, round(1 / eval_fraction)) if eval_fraction > 0 else 0
+    max_blocks = max_tokens // seq_len if max_tokens else None
+    tmp = {name: store_dir / f".{name}.npy.{os.getpid()}.tmp" for name in ("train", "eval")}
+    writers = {name: _BlockWriter(path, seq_len) for name, path in tmp.items()}
+    carry = np.empty(0, dtype=np.uint32)  # tokens after the last full block
+    blocks_done = documents = tokens_seen = 0
+    sep = np.array([] if separator is None else [separator], dtype=np.uint32)
+    from tqdm.auto import tqdm
+
+    progress = tqdm(total=max_blocks * seq_len if max_blocks else None, unit="tok", unit_scale=True,
+                    desc="tokenizing", disable=not show_progress)
+    try:
+        with contextlib.closing(iter_documents(resolved, text_field=text_field, hub_split=hub_split)) as docs:
+            for texts in _text_batches(docs):
+                ids = tokenizer(texts, add_special_tokens=False, return_attention_mask=False,
+                                return_token_type_ids=False, verbose=False)["input_ids"]
+                documents += len(texts)
+                pieces = [carry]
+                for seq in ids:
+                    pieces += [np.asarray(seq, dtype=np.uint32), sep]
+                stream = np.concatenate(pieces)  # (carry + this batch's tokens,)
+                tokens_seen += len(stream) - len(carry)
+                n = len(stream) // seq_len
+                if max_blocks is not None:
+                    n = min(n, max_blocks - blocks_done)
+                blocks = stream[: n * seq_len].reshape(n, seq_len)  # (n, seq_len)
+                carry = stream[n * seq_len:]
+                held = ((np.arange(blocks_done, blocks_done + n) + seed) % every == every - 1) if every \
+                    else np.zeros(n, dtype=bool)
+                writers["train"].append(blocks[~held])
+                writers["eval"].append(blocks[held])
+                blocks_done += n
+                progress.update(n * seq_len)
+                if max_blocks is not None and blocks_done >= max_blocks:
+                    break
+        if blocks_done == 0:
+            raise DataError(f"too little text: {tokens_seen} tokens in {documents} documents, fewer than "
+                            f"seq_len={seq_len} needed for one block. Add text or lower seq_len.")
+        if every and writers["eval"].rows == 0 and writers["train"].rows >= 2:
+            writers["eval"].append(writers["train"].pop())  # a short corpus still gets a held-out block
+        if writers["train"].rows == 0:
+            writers["train"].append(writers["eval"].pop())  # one block: it is for training
+        for writer in writers.values():
+            writer.close()
+        for name, path in tmp.items():
+            os.replace(path, store_dir / f"{name}.npy")
+    finally:
+        progress.close()
+        for name, writer in writers.items():
+            if not writer.file.closed:
+                writer.file.close()
+            tmp[name].unlink(missing_ok=True)
+
+    meta = {"fingerprint": fingerprint, "train_blocks": writers["train"].rows, "eval_blocks": writers["eval"].rows,
+            "seq_len": seq_len, "num_tokens": blocks_done * seq_len, "documents": documents,
+            "tokens_seen": tokens_seen, "inputs": inputs}
+    atomic_write_json(store_dir / "meta.json", meta)
+    log.info("token store %s: %d train + %d eval blocks of %d tokens from %d documents", store_dir,
+             meta["train_blocks"], meta["eval_blocks"], seq_len, documents)
+    return TokenStore.open(store_dir)
+
+
+# ----------------------------------------------------------------------------------------- batches
+
+class BatchIterator:
+    """An endless, deterministic, resumable sequence of batches of blocks.
+
+    Epoch ``e`` visits the blocks in the order ``np.random.default_rng([seed, e]).permutation(N)``,
+    cut into global batches of ``batch_size * world_size``; process ``rank`` gets its slice of each.
+    Batch ``k`` is a pure function of ``(seed, k)`` (see :meth:`batch`), so starting at
+    ``start_step`` continues exactly where an interrupted run stopped. ``.step`` is the next step.
+    With ``drop_last=False`` the last global batch of an epoch may be short (split as evenly as
+    possible across ranks, so a rank can get fewer rows, or none).
+    """
+
+    def __init__(self, blocks, batch_size: int, *, seed: int, start_step: int = 0, drop_last: bool = True,
+                 rank: int = 0, world_size: int = 1):
+        if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size or start_step < 0:
+            raise ValueError(f"bad batch layout: batch_size={batch_size}, rank={rank}, world_size={world_size}, "
+                             f"start_step={start_step}")
+        self.blocks, self.batch_size, self.seed = blocks, batch_size, seed
+        self.rank, self.world_size, self.step = rank, world_size, start_step
+        self.global_batch = batch_size * world_size
+        n = len(blocks)
+        self.steps_per_epoch = n // self.global_batch if drop_last else math.ceil(n / self.global_batch)
+        if self.steps_per_epoch == 0:
+            raise DataError(f"only {n} blocks, fewer than one global batch of {self.global_batch} "
+                            f"({batch_size} per process x {world_size} processes). Add text, or lower the "
+                            f"batch size or seq_len.")
+        self._epoch, self._order = -1, None
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        if epoch != self._epoch:
+            self._epoch, self._order = epoch, np.random.default_rng([self.seed, epoch]).permutation(len(self.blocks))
+        return self._order
+
+    def indices(self, step: int) -> np.ndarray:
+        """The block indices of this process's part of global batch ``step``."""
+        epoch, k = divmod(step, self.steps_per_epoch)
+        global_batch = self._permutation(epoch)[k * self.global_batch:(k + 1) * self.global_batch]
+        return np.array_split(global_batch, self.world_size)[self.rank]
+
+    def batch(self, step: int) -> np.ndarray:
+        """This process's batch ``step``: (batch_size, seq_len) uint32."""
+        return np.asarray(self.blocks[self.indices(step)])
+
+    def __iter__(self) -> BatchIterator:
+        return self
+
+    def __next__(self) -> np.ndarray:
+        out = self.batch(self.step)
+        self.step += 1
+        return out
+
+
+def batch_iterator(blocks, batch_size: int, *, seed: int, start_step: int = 0, drop_last: bool = True,
+                   rank: int = 0, world_size: int = 1) -> BatchIterator:
+    """See :class:`BatchIterator`."""
+    return BatchIterator(blocks, batch_size, seed=seed, start_step=start_step, drop_last=drop_last,
+                         rank=rank, world_size=world_size)
+
+
+def iter_eval_batches(blocks, batch_size: int, *, rank: int = 0, world_size: int = 1,
+                      max_batches: int | None = None) -> Iterator[np.ndarray]:
+    """One pass over held-out blocks in order (finite); each rank gets a disjoint slice of each batch."""
+    step = batch_size * world_size
+    for k, start in enumerate(range(0, len(blocks), step)):
+        if max_batches is not None and k >= max_batches:
+            return
+        idx = np.array_split(np.arange(start, min(start + step, len(blocks))), world_size)[rank]
+        yield np.asarray(blocks[idx])

@@ -1,0 +1,326 @@
+"""Inputs and outputs of ``adapt embed``: texts in, vectors out, larger than memory if need be.
+
+Inputs: texts given as arguments, stdin (one text a line), ``.txt`` (one text a line), ``.jsonl``
+(field ``field``, default "text"), ``.csv`` (column ``field``), ``.parquet`` (column ``field``, read in
+row batches). Outputs: ``.npy`` (float32 (n, dim), written incrementally through
+``np.lib.format.open_memmap``), ``.parquet`` (``id`` + ``embedding`` fixed-size list, written row group
+by row group), ``.jsonl`` (``{"id": i, "embedding": [...]}`` a line), or stdout as jsonl. ``id`` is the
+text's 0-based position in the input. Files are written to a temporary name and renamed at the end.
+
+Bad input is an :class:`~adapt.errors.AdaptError`: a missing file or column, bytes that are not UTF-8
+or a malformed line (:class:`DataError` naming the line), no texts at all. Empty texts and texts
+longer than the encoder's limit are embedded as :mod:`adapt.encoder` defines, counted in the summary.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from adapt.errors import ConfigError, DataError
+
+INPUT_FORMATS = (".txt", ".jsonl", ".csv", ".parquet")
+OUTPUT_FORMATS = (".npy", ".parquet", ".jsonl")
+
+
+@dataclass
+class EmbedSummary:
+    n: int
+    dim: int
+    seconds: float
+    truncated: int
+    empty: int
+    output: str
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, text without its newline) for each line of a UTF-8 file."""
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                yield number, raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as err:
+                raise DataError(f"{path}:{number}: the line is not UTF-8 text ({err.reason} at byte "
+                                f"{err.start}); re-encode the file as UTF-8") from None
+
+
+def _jsonl(path: Path, fields) -> Iterator[tuple[str, dict]]:
+    for number, line in _lines(path):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{where}: not valid JSON ({err.msg})") from None
+        missing = [f for f in fields if not isinstance(record, dict) or f not in record]
+        if missing:
+            raise DataError(f"{where}: no field {missing[0]!r} in this record; choose the field with --field")
+        yield where, record
+
+
+def _csv(path: Path, fields) -> Iterator[tuple[str, dict]]:
+    with open(path, "rb") as raw:
+        reader = csv.DictReader(io.TextIOWrapper(raw, encoding="utf-8", newline=""))
+        try:
+            missing = [f for f in fields if f not in (reader.fieldnames or [])]
+            if missing:
+                raise DataError(f"{path}: no column {missing[0]!r} (columns: {', '.join(reader.fieldnames or [])}); "
+                                "choose the column with --field")
+            for row in reader:
+                yield f"{path}:{reader.line_num}", row
+        except UnicodeDecodeError:
+            for _ in _lines(path):  # decoding runs ahead in blocks: find the exact line
+                pass
+            raise DataError(f"{path}: the file is not UTF-8 text") from None
+        except csv.Error as err:
+            raise DataError(f"{path}:{reader.line_num}: malformed CSV ({err})") from None
+
+
+def _parquet(path: Path, fields, batch_rows: int = 8192) -> Iterator[tuple[str, dict]]:
+    import pyarrow.parquet as pq
+
+    try:
+        file = pq.ParquetFile(path)
+    except Exception as err:  # noqa: BLE001 - pyarrow raises several kinds for a bad file
+        raise DataError(f"{path}: not a readable Parquet file ({err})") from None
+    missing = [f for f in fields if f not in file.schema_arrow.names]
+    if missing:
+        raise DataError(f"{path}: no column {missing[0]!r} (columns: {', '.join(file.schema_arrow.names)}); "
+                        "choose the column with --field")
+    row = 0
+    for batch in file.iter_batches(batch_size=batch_rows, columns=list(fields)):
+        for record in batch.to_pylist():
+            yield f"{path}: row {row}", record
+            row += 1
+
+
+_RECORD_READERS = {".jsonl": _jsonl, ".csv": _csv, ".parquet": _parquet}
+
+
+def read_records(path, fields: tuple[str, ...]) -> Iterator[tuple[str, dict]]:
+    """(where, record) for each record of a .jsonl/.csv/.parquet file holding ``fields``; ``where``
+    ("file:line" or "file: row i") names the record in error messages."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file" if not path.exists() else f"{path} is not a file")
+    reader = _RECORD_READERS.get(path.suffix.lower())
+    if reader is None:
+        raise DataError(f"{path}: unsupported format {path.suffix or '(no extension)'}; use one of "
+                        f"{', '.join(_RECORD_READERS)}")
+    return reader(path, fields)
+
+
+def _field_texts(records: Iterator[tuple[str, dict]], field: str) -> Iterator[str]:
+    for where, record in records:
+        if not isinstance(record[field], str):
+            raise DataError(f"{where}: {field!r} is {record[field]!r}, not text")
+        yield record[field]
+
+
+def read_texts(input_path=None, texts: Iterable[str] | None = None, *, field: str = "text") -> tuple[Iterable[str], int | None]:
+    """The texts to embed and their count when known cheaply (None for streams)."""
+    if texts is not None and input_path is not None:
+        raise ConfigError("give texts or an input file, not both")
+    if texts is not None:
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        return texts, len(texts)
+    if input_path is None or str(input_path) == "-":
+        return (line.rstrip("\r\n") for line in sys.stdin), None
+    path = Path(input_path)
+    suffix = path.suffix.lower()
+    if suffix == ".txt":
+        if not path.is_file():
+            raise DataError(f"{path}: no such file" if not path.exists() else f"{path} is not a file")
+        return (text for _, text in _lines(path)), None
+    if suffix not in _RECORD_READERS and path.is_file():
+        raise DataError(f"{path}: unsupported input format {suffix or '(no extension)'}; use one of "
+                        f"{', '.join(INPUT_FORMATS)}")
+    records = read_records(path, (field,))
+    n = None
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+        n = pq.ParquetFile(path).metadata.num_rows
+    return _field_texts(records, field), n
+
+
+class _FileWriter:
+    """Writes to a temporary file next to ``path``; ``close`` renames it, ``abort`` removes it."""
+
+    def __init__(self, path: Path, dim: int):
+        self.path, self.dim, self.rows = Path(path), dim, 0
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        os.close(fd)
+        self.tmp = Path(tmp)
+
+    def write(self, vectors: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def _finish(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self._finish()
+        os.replace(self.tmp, self.path)
+
+    def abort(self) -> None:
+        for suffix in ("", ".raw"):
+            Path(str(self.tmp) + suffix).unlink(missing_ok=True)
+
+
+class NpyWriter(_FileWriter):
+    """float32 ``(n, dim)`` .npy through ``open_memmap``; with ``n`` unknown, rows are spooled to a raw
+    file first and copied into the memmap at the end."""
+
+    def __init__(self, path, dim: int, n: int | None = None):
+        super().__init__(path, dim)
+        self.memmap = np.lib.format.open_memmap(self.tmp, mode="w+", dtype=np.float32, shape=(n, dim)) if n else None
+        self.spool = None if n else open(str(self.tmp) + ".raw", "wb")
+
+    def write(self, vectors):
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        if self.memmap is not None:
+            self.memmap[self.rows:self.rows + len(vectors)] = vectors
+        else:
+            self.spool.write(vectors.tobytes())
+        self.rows += len(vectors)
+
+    def _finish(self):
+        if self.memmap is not None:
+            if self.rows != self.memmap.shape[0]:
+                raise DataError(f"expected {self.memmap.shape[0]} texts but read {self.rows}")
+            self.memmap.flush()
+            del self.memmap
+            return
+        self.spool.close()
+        raw = np.memmap(str(self.tmp) + ".raw", dtype=np.float32, mode="r", shape=(self.rows, self.dim)) \
+            if self.rows else np.zeros((0, self.dim), np.float32)
+        out = np.lib.format.open_memmap(self.tmp, mode="w+", dtype=np.float32, shape=(self.rows, self.dim))
+        for start in range(0, self.rows, 65536):
+            out[start:start + 65536] = raw[start:start + 65536]
+        out.flush()
+        del out, raw
+        Path(str(self.tmp) + ".raw").unlink(missing_ok=True)
+
+    def abort(self):
+        if self.spool is not None:
+            self.spool.close()
+        self.memmap = None
+        super().abort()
+
+
+class ParquetWriter(_FileWriter):
+    """``id`` (int64) + ``embedding`` (fixed-size list of float32), one row group per chunk."""
+
+    def __init__(self, path, dim: int, n: int | None = None):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        super().__init__(path, dim)
+        self.pa = pa
+        self.schema = pa.schema([("id", pa.int64()), ("embedding", pa.list_(pa.float32(), dim))])
+        self.writer = pq.ParquetWriter(self.tmp, self.schema)
+
+    def write(self, vectors):
+        pa = self.pa
+        ids = pa.array(np.arange(self.rows, self.rows + len(vectors), dtype=np.int64))
+        flat = pa.array(np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1))
+        self.writer.write_table(pa.Table.from_arrays([ids, pa.FixedSizeListArray.from_arrays(flat, self.dim)],
+                                                     schema=self.schema))
+        self.rows += len(vectors)
+
+    def _finish(self):
+        self.writer.close()
+
+    def abort(self):
+        self.writer.close()
+        super().abort()
+
+
+class JsonlWriter(_FileWriter):
+    """``{"id": i, "embedding": [...]}`` a line, to a file (renamed at the end) or to a stream."""
+
+    def __init__(self, path, dim: int, n: int | None = None, stream=None):
+        if stream is None:
+            super().__init__(path, dim)
+            self.file = open(self.tmp, "w", encoding="utf-8")
+        else:
+            self.path, self.dim, self.rows, self.tmp, self.file = None, dim, 0, None, stream
+
+    def write(self, vectors):
+        for row in np.asarray(vectors, dtype=np.float32).tolist():
+            self.file.write(json.dumps({"id": self.rows, "embedding": row}) + "\n")
+            self.rows += 1
+        self.file.flush()
+
+    def close(self):
+        if self.tmp is not None:
+            self.file.close()
+            os.replace(self.tmp, self.path)
+
+    def abort(self):
+        if self.tmp is not None:
+            self.file.close()
+            super().abort()
+
+
+def open_writer(output_path, dim: int, n: int | None = None):
+    """The writer for ``output_path``'s extension; None or "-" writes jsonl to stdout."""
+    if output_path is None or str(output_path) == "-":
+        return JsonlWriter(None, dim, stream=sys.stdout)
+    return _writer_class(output_path)(Path(output_path), dim, n)
+
+
+def _writer_class(output_path):
+    suffix = Path(output_path).suffix.lower()
+    classes = {".npy": NpyWriter, ".parquet": ParquetWriter, ".jsonl": JsonlWriter}
+    if suffix not in classes:
+        raise ConfigError(f"{output_path}: unsupported output format {suffix or '(no extension)'}; use one of "
+                          f"{', '.join(OUTPUT_FORMATS)} (or no -o for jsonl on stdout)")
+    return classes[suffix]
+
+
+def embed(encoder_source, texts: Iterable[str] | None = None, input_path=None, output_path=None, *,
+          field: str = "text", prompt_name: str | None = None, batch_size: int = 32, max_length: int | None = None,
+          normalize: bool | None = None, dtype="auto", device: str | None = None, show_progress: bool = True,
+          chunk_size: int = 10_000) -> EmbedSummary:
+    """``adapt embed``: encode texts (arguments, a file or stdin) and write the vectors (file or stdout).
+
+    ``encoder_source`` is anything :func:`adapt.encoder.load_encoder` loads, or an ``Encoder``. Inputs
+    and outputs are checked before the model is loaded, so a typo fails fast.
+    """
+    from adapt.encoder import Encoder, load_encoder
+
+    stream, n = read_texts(input_path, texts, field=field)
+    if output_path is not None and str(output_path) != "-":
+        _writer_class(output_path)
+    stream = iter(stream)
+    first = next(stream, None)  # opens and checks the input (format, field) before the model loads
+    if first is None:
+        raise DataError(f"{input_path or 'the input'} holds no texts to embed")
+    stream = itertools.chain([first], stream)
+    start = time.perf_counter()
+    encoder = encoder_source if isinstance(encoder_source, Encoder) else load_encoder(
+        encoder_source, normalize=normalize, dtype=dtype, device=device, max_length=max_length)
+    writer = open_writer(output_path, encoder.dim, n)
+    try:
+        stats = encoder.encode_stream(stream, writer, chunk_size=chunk_size, batch_size=batch_size,
+                                      prompt_name=prompt_name, normalize=normalize, show_progress=show_progress)
+        writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    return EmbedSummary(n=stats.n, dim=encoder.dim, seconds=round(time.perf_counter() - start, 3),
+                        truncated=stats.truncated, empty=stats.empty,
+                        output=str(output_path) if output_path not in (None, "-") else "-")

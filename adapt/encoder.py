@@ -1,0 +1,322 @@
+"""Load an encoder and encode text fast: ``load_encoder(source).encode(texts)``.
+
+``source`` is an exported encoder (a sentence-transformers folder: its pooling, normalization,
+prompts and length are used unless overridden), a raw decoder folder or hub id (mean pooling by
+default; ``bidirectional`` None = as its config says, False = causal, True = made bidirectional
+without training) or any sentence-transformers model of Transformer + Pooling [+ Normalize].
+
+Vectors equal ``SentenceTransformer(folder).encode`` (same tokenization, truncation, prompts and
+pooling), computed faster: texts are tokenized once, sorted by token length, padded per batch on the
+right, run under ``torch.inference_mode`` in the chosen dtype, and pooled in fp32.
+
+Defined edge cases (counted, one warning per call): an empty text is embedded as the tokenizer
+encodes it (with a prompt: the prompt alone); when that is zero tokens, as a lone EOS token (else
+BOS, else pad) - sentence-transformers would pool zero tokens into a zero vector. A text longer
+than ``max_length`` tokens is truncated like the tokenizer truncates (special tokens kept).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+import torch
+
+from adapt.arch import facts_for
+from adapt.bidirectional import is_bidirectional, make_bidirectional, position_ids_from_mask, prepare_config
+from adapt.errors import ConfigError, ModelLoadError
+from adapt.export import POOLINGS, parse_dtype, pooling_name, preferred_attention, read_st_settings
+
+
+class EncodeWarning(UserWarning):
+    """Texts were truncated or empty (the message gives the counts)."""
+
+
+@dataclass
+class EncodeStats:
+    n: int = 0
+    truncated: int = 0
+    empty: int = 0
+    tokens: int = 0
+
+    def add(self, other: "EncodeStats") -> None:
+        self.n, self.truncated = self.n + other.n, self.truncated + other.truncated
+        self.empty, self.tokens = self.empty + other.empty, self.tokens + other.tokens
+
+    def warn(self, max_length: int) -> None:
+        if self.truncated:
+            warnings.warn(f"{self.truncated} of {self.n} texts were longer than {max_length} tokens and were "
+                          "truncated", EncodeWarning, stacklevel=3)
+        if self.empty:
+            warnings.warn(f"{self.empty} of {self.n} texts were empty; each was embedded as the tokenizer encodes "
+                          "an empty text (a lone EOS token when that is no token at all)", EncodeWarning, stacklevel=3)
+
+
+@dataclass
+class Encoder:
+    """A loaded encoder. ``encode`` returns float32 ``(n, dim)`` vectors in input order."""
+    model: torch.nn.Module
+    tokenizer: object
+    name: str
+    pooling: str
+    normalize: bool
+    max_length: int
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+    include_prompt: bool = True
+    do_lower_case: bool = False
+    fingerprint: str = ""
+    last_stats: EncodeStats = field(default_factory=EncodeStats)
+
+    def __post_init__(self):
+        self.model.eval()
+        tok = self.tokenizer
+        self._pad_id = next((i for i in (tok.pad_token_id, tok.eos_token_id, 0) if i is not None), 0)
+        self._filler_id = next((i for i in (tok.eos_token_id, tok.bos_token_id, tok.pad_token_id, 0) if i is not None))
+        self._absolute = facts_for(self.model.config).absolute_positions
+        self._prompt_lengths: dict[str, int] = {}
+
+    @property
+    def dim(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def resolve_prompt(self, prompt_name: str | None = None, prompt: str | None = None) -> str:
+        if prompt is not None:
+            return prompt
+        prompt_name = prompt_name or self.default_prompt_name
+        if prompt_name is None:
+            return ""
+        if prompt_name not in self.prompts:
+            raise ConfigError(f"{self.name} has no prompt named {prompt_name!r}; its prompts: "
+                              f"{', '.join(self.prompts) or 'none'}")
+        return self.prompts[prompt_name]
+
+    def tokenize(self, texts: list[str], prompt: str = "") -> tuple[list[list[int]], EncodeStats]:
+        """Token ids as sentence-transformers makes them (prompt prepended, truncated), and the counts."""
+        full = [prompt + (t.lower() if self.do_lower_case else t) for t in texts]
+        call = dict(add_special_tokens=True, truncation=True, return_attention_mask=False, verbose=False)
+        ids = self.tokenizer(full, max_length=self.max_length + 1, **call)["input_ids"] if full else []
+        long = [i for i, row in enumerate(ids) if len(row) > self.max_length]
+        if long:  # one token over the limit means the text was cut: redo those with the real limit
+            for i, row in zip(long, self.tokenizer([full[i] for i in long], max_length=self.max_length, **call)["input_ids"]):
+                ids[i] = row
+        stats = EncodeStats(n=len(texts), truncated=len(long), empty=sum(1 for t in texts if not t))
+        for i, row in enumerate(ids):
+            if not row:
+                ids[i] = [self._filler_id]
+        stats.tokens = sum(len(row) for row in ids)
+        return ids, stats
+
+    def _prompt_length(self, prompt: str) -> int:
+        """Prompt tokens excluded from pooling when the folder says ``include_prompt: false``."""
+        if prompt not in self._prompt_lengths:
+            ids = self.tokenizer([prompt], add_special_tokens=True)["input_ids"][0]
+            n = len(ids) - (1 if ids and ids[-1] in self.tokenizer.all_special_ids else 0)
+            self._prompt_lengths[prompt] = n
+        return self._prompt_lengths[prompt]
+
+    @torch.inference_mode()
+    def _forward(self, batch: list[list[int]], prompt_length: int) -> torch.Tensor:
+        width = max(len(row) for row in batch)
+        ids = torch.full((len(batch), width), self._pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, row in enumerate(batch):
+            ids[i, :len(row)] = torch.tensor(row)
+            mask[i, :len(row)] = 1
+        kwargs = {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
+        if self._absolute:
+            kwargs["position_ids"] = position_ids_from_mask(kwargs["attention_mask"])
+        hidden = self.model(**kwargs, return_dict=True).last_hidden_state.float()  # (B, T, H)
+        return pool(hidden, kwargs["attention_mask"], self.pooling, prompt_length)
+
+    def encode(self, texts: Iterable[str] | str, *, batch_size: int = 32, prompt_name: str | None = None,
+               prompt: str | None = None, normalize: bool | None = None, show_progress: bool = False) -> np.ndarray:
+        """Encode ``texts`` into a float32 array of shape ``(len(texts), dim)``, in input order."""
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        vectors, stats = self._encode(texts, batch_size, self.resolve_prompt(prompt_name, prompt), normalize,
+                                      show_progress)
+        stats.warn(self.max_length)
+        self.last_stats = stats
+        return vectors
+
+    def _encode(self, texts, batch_size, prompt, normalize, show_progress) -> tuple[np.ndarray, EncodeStats]:
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be at least 1, not {batch_size}")
+        bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+        if bad is not None:
+            raise ConfigError(f"text {bad} is a {type(texts[bad]).__name__}, not a string")
+        ids, stats = self.tokenize(texts, prompt)
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))  # longest first: peak memory up front
+        prompt_length = self._prompt_length(prompt) if prompt and not self.include_prompt else 0
+        starts = range(0, len(order), batch_size)
+        if show_progress:
+            from tqdm.auto import tqdm
+            starts = tqdm(starts, desc="Encoding", unit="batch")
+        for start in starts:
+            rows = order[start:start + batch_size]
+            vectors = self._forward([ids[i] for i in rows], prompt_length)
+            if self.normalize if normalize is None else normalize:
+                vectors = torch.nn.functional.normalize(vectors, p=2, dim=-1)
+            out[rows] = vectors.cpu().numpy()
+        return out, stats
+
+    def iter_encode(self, texts: Iterable[str], *, chunk_size: int = 10_000, batch_size: int = 32,
+                    prompt_name: str | None = None, prompt: str | None = None, normalize: bool | None = None,
+                    show_progress: bool = False) -> Iterator[np.ndarray]:
+        """Encode an iterable of any length chunk by chunk (sorted within a chunk), yielding arrays in
+        input order; ``last_stats`` holds the totals (one warning at the end)."""
+        prompt_text, total, chunk = self.resolve_prompt(prompt_name, prompt), EncodeStats(), []
+        self.last_stats = total
+        for text in texts:
+            chunk.append(text)
+            if len(chunk) >= chunk_size:
+                vectors, stats = self._encode(chunk, batch_size, prompt_text, normalize, show_progress)
+                total.add(stats)
+                chunk = []
+                yield vectors
+        if chunk:
+            vectors, stats = self._encode(chunk, batch_size, prompt_text, normalize, show_progress)
+            total.add(stats)
+            yield vectors
+        total.warn(self.max_length)
+
+    def encode_stream(self, texts: Iterable[str], writer, **kwargs) -> EncodeStats:
+        """Encode an iterable of any length, calling ``writer.write(vectors)`` chunk by chunk in input order."""
+        for vectors in self.iter_encode(texts, **kwargs):
+            writer.write(vectors)
+        return self.last_stats
+
+
+def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str, prompt_length: int = 0) -> torch.Tensor:
+    """Pool right-padded ``hidden`` (B, T, H) under ``mask`` (B, T) as sentence-transformers' Pooling does."""
+    if prompt_length:
+        mask = mask.clone()
+        mask[:, :prompt_length] = 0
+    m = mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
+    if pooling == "mean":
+        return (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+    if pooling == "weightedmean":
+        w = m * torch.arange(1, hidden.shape[1] + 1, device=hidden.device, dtype=hidden.dtype).view(1, -1, 1)
+        return (hidden * w).sum(1) / w.sum(1).clamp(min=1e-9)
+    if pooling == "last":
+        values, indices = mask.flip(1).max(1)
+        last = hidden.shape[1] - 1 - torch.where(values == 0, hidden.shape[1] - 1, indices)
+        return (hidden * m)[torch.arange(hidden.shape[0]), last]
+    if pooling == "cls":
+        return hidden[torch.arange(hidden.shape[0]), mask.to(torch.int).argmax(1)]
+    raise ConfigError(f"unknown pooling {pooling!r}: choose one of {', '.join(POOLINGS)}")
+
+
+def load_encoder(source, *, pooling: str | None = None, bidirectional: bool | None = None,
+                 normalize: bool | None = None, dtype="auto", device: str | None = None,
+                 max_length: int | None = None, trust_remote_code: bool = False) -> Encoder:
+    """Load an exported encoder, a sentence-transformers model or a raw decoder (folder or hub id).
+
+    ``dtype``: "auto" is fp32 on CPU and bf16 (else fp16) on a GPU; or bf16/fp16/fp32. Anything that is
+    not a loadable model raises :class:`ModelLoadError` saying why.
+    """
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    path = Path(source)
+    if path.exists() and not path.is_dir():
+        raise ModelLoadError(f"{source} is a file, not a model folder (GGUF files load through `adapt convert`)")
+    st = read_st_settings(path) if path.is_dir() else None
+    if st and st["unsupported"]:
+        raise ModelLoadError(f"{source} uses sentence-transformers parts adapt's encoder does not implement "
+                             f"({', '.join(st['unsupported'])}); load it with SentenceTransformer instead")
+    model_dir = str(st["transformer_path"]) if st else str(source)
+    if path.is_dir() and not (Path(model_dir) / "config.json").is_file():
+        raise ModelLoadError(f"{model_dir} is not an encoder or decoder folder: it has no config.json")
+    st = st or {"prompts": {}, "default_prompt_name": None, "include_prompt": True, "do_lower_case": False}
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    torch_dtype = parse_dtype(dtype) or (torch.float32 if device.type == "cpu" else
+                                         torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # a decoder's unused LM head is expected, not worth a report
+    try:
+        config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+        if bidirectional is True:
+            prepare_config(config)
+        elif bidirectional is False:
+            config.is_causal = True
+        attn = st.get("attn_implementation") or preferred_attention(config)
+        model = AutoModel.from_pretrained(model_dir, config=config, dtype=torch_dtype, attn_implementation=attn,
+                                          trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    except Exception as err:  # noqa: BLE001 - every failure here is "this is not a model we can load"
+        raise ModelLoadError(f"cannot load an encoder from {source}: {type(err).__name__}: {err}") from err
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    if bidirectional is True:
+        make_bidirectional(model)
+    model.to(device)
+    max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if max_length is None:
+        max_length = st.get("max_seq_length")
+    if max_length is None:
+        max_length = tokenizer.model_max_length if tokenizer.model_max_length < 1_000_000 else 512
+        max_length = min(max_length, max_positions or max_length)
+    pooling = pooling_name(pooling or st.get("pooling") or "mean")
+    normalize = bool(st.get("normalize", False) if normalize is None else normalize)
+    name = path.name if path.is_dir() else str(source)
+    fingerprint = _fingerprint(path if path.is_dir() else str(source), Path(model_dir), pooling=pooling,
+                               bidirectional=is_bidirectional(model), dtype=str(torch_dtype), normalize=normalize,
+                               max_length=int(max_length), prompts=st["prompts"],
+                               include_prompt=st["include_prompt"], do_lower_case=st["do_lower_case"])
+    return Encoder(model, tokenizer, name=name, pooling=pooling, normalize=normalize, max_length=int(max_length),
+                   prompts=st["prompts"], default_prompt_name=st["default_prompt_name"],
+                   include_prompt=st["include_prompt"], do_lower_case=st["do_lower_case"], fingerprint=fingerprint)
+
+
+def _fingerprint(source, model_dir: Path, **settings) -> str:
+    """A stable id of what decides the vectors: the source, its weight files (name, size, mtime) and settings."""
+    source = str(Path(source).resolve()) if isinstance(source, Path) else source
+    weights = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in model_dir.glob("*")
+                     if p.suffix in (".safetensors", ".bin")) if model_dir.is_dir() else []
+    blob = json.dumps({"source": source, "weights": weights, **settings}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+class MTEBAdapter:
+    """An :class:`Encoder` as mteb 2.x's encoder protocol: ``mteb.evaluate(MTEBAdapter(enc), tasks)``.
+
+    Query/document prompts follow mteb's prompt-name resolution over the encoder's prompts.
+    """
+
+    def __init__(self, encoder: Encoder, *, batch_size: int = 32):
+        self.encoder, self.batch_size = encoder, batch_size
+        self.model_prompts = encoder.prompts or None
+
+    @property
+    def mteb_model_meta(self):
+        from mteb.models import ModelMeta
+        return ModelMeta.create_empty(overwrites=dict(
+            name=f"adapt/{self.encoder.name}", revision=self.encoder.fingerprint, embed_dim=self.encoder.dim,
+            max_tokens=self.encoder.max_length, framework=["PyTorch"], similarity_fn_name="cosine"))
+
+    def encode(self, inputs, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs) -> np.ndarray:
+        from mteb.models.abs_encoder import get_prompt_name
+        texts = [text for batch in inputs for text in batch["text"]]
+        name = get_prompt_name(self.model_prompts, task_metadata, prompt_type) if self.model_prompts else None
+        return self.encoder.encode(texts, batch_size=kwargs.get("batch_size", self.batch_size),
+                                   prompt=self.encoder.prompts.get(name, "") if name else "")
+
+    def similarity(self, a, b):
+        a, b = (torch.nn.functional.normalize(torch.as_tensor(x, dtype=torch.float32), dim=-1) for x in (a, b))
+        return a @ b.T
+
+    def similarity_pairwise(self, a, b):
+        a, b = (torch.nn.functional.normalize(torch.as_tensor(x, dtype=torch.float32), dim=-1) for x in (a, b))
+        return (a * b).sum(-1)

@@ -1,0 +1,358 @@
+"""Write a bidirectional model as a sentence-transformers folder that loads with no custom code.
+
+Layout of ``OUT`` (``OUT/run/`` with the training run's own files is never touched)::
+
+    config.json  model.safetensors  tokenizer*     the backbone (``AutoModel``), ``"is_causal": false``
+    modules.json  sentence_bert_config.json         Transformer at the root, attention pinned if needed
+    config_sentence_transformers.json               prompts, cosine similarity
+    1_Pooling/  [2_Normalize/]                      pooling (mean, weightedmean, last, cls)
+    README.md  adapt_export.json                    model card; what adapt wrote (for re-export)
+
+The export is assembled by sentence-transformers itself (``SentenceTransformer(modules=...).save``) in a
+temporary sibling folder, reloaded exactly as a user would load it, probed for bidirectionality, and
+only then moved into ``OUT`` file by file (``modules.json`` last), so a user never loads a half-written
+or causal encoder. The LM head is not exported: an encoder needs only the backbone.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from adapt.arch import facts_for
+from adapt.bidirectional import assert_bidirectional, is_bidirectional
+from adapt.errors import ConfigError, ModelLoadError, NotBidirectionalError
+
+# adapt's pooling names -> sentence-transformers' pooling_mode (and back, with aliases).
+POOLINGS = {"mean": "mean", "weightedmean": "weightedmean", "last": "lasttoken", "cls": "cls"}
+_POOLING_ALIASES = {"weighted_mean": "weightedmean", "weighted-mean": "weightedmean", "lasttoken": "last",
+                    "last_token": "last", "last-token": "last", "first": "cls", "first_token": "cls"}
+_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+           "half": torch.float16, "fp32": torch.float32, "float32": torch.float32, "float": torch.float32}
+MANIFEST = "adapt_export.json"
+RUN_DIR = "run"
+_TEXT_ONLY = {"text": {"method": "forward", "method_output_name": "last_hidden_state"}}
+
+
+def pooling_name(pooling: str) -> str:
+    """adapt's canonical pooling name for ``pooling`` (also accepts sentence-transformers' mode names)."""
+    name = _POOLING_ALIASES.get(str(pooling).lower(), str(pooling).lower())
+    if name not in POOLINGS:
+        raise ConfigError(f"unknown pooling {pooling!r}: choose one of {', '.join(POOLINGS)}")
+    return name
+
+
+def parse_dtype(dtype) -> torch.dtype | None:
+    """``"bf16"``/``"fp16"``/``"fp32"`` (or a torch dtype) -> torch dtype; ``None``/``"auto"`` -> None."""
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if str(dtype).lower() == "auto":
+        return None
+    if str(dtype).lower() not in _DTYPES:
+        raise ConfigError(f"unknown dtype {dtype!r}: choose bf16, fp16, fp32 or auto")
+    return _DTYPES[str(dtype).lower()]
+
+
+def preferred_attention(config) -> str:
+    """The attention implementation under which this family honours ``is_causal=False``."""
+    return facts_for(config).attn_implementations[0]
+
+
+def prepare_tokenizer(tokenizer, folder: Path, max_seq_length: int | None):
+    """Save a copy of ``tokenizer`` to ``folder`` with right padding, a pad token and a max length."""
+    from transformers import AutoTokenizer
+
+    tokenizer.save_pretrained(folder)
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.padding_side = "right"
+    if tok.pad_token is None:
+        fallback = tok.eos_token or tok.unk_token or tok.bos_token
+        if fallback is None:
+            raise ConfigError("the tokenizer has no pad, eos, unk or bos token to pad with; add a pad token first")
+        tok.pad_token = fallback
+    if max_seq_length:
+        tok.model_max_length = int(max_seq_length)
+    tok.save_pretrained(folder)
+    return tok
+
+
+def _backbone(model):
+    """The base transformers model (no LM head) of a causal LM, a base model or a peft wrapper."""
+    if hasattr(model, "peft_config") and hasattr(model, "merge_and_unload"):
+        model = model.merge_and_unload()  # LoRA weights folded in: the export needs no peft
+    model = getattr(model, "module", model)
+    return getattr(model, "base_model", model)
+
+
+def export_encoder(model, tokenizer, out_dir, *, pooling: str = "mean", normalize: bool = False,
+                   max_seq_length: int = 512, prompts: dict[str, str] | None = None, dtype=None,
+                   card: dict | None = None, source: str | None = None) -> Path:
+    """Write ``model`` (bidirectional, in memory) and ``tokenizer`` to ``out_dir`` as a sentence-transformers encoder.
+
+    ``dtype``: bf16/fp16/fp32 for the saved weights (None keeps the model's). ``prompts``: named
+    prefixes, e.g. ``{"query": "query: ", "document": ""}`` for ``encode(..., prompt_name="query")``.
+    ``card``: what the model card reports (see :func:`render_card`). Raises
+    :class:`NotBidirectionalError` (leaving ``out_dir`` as it was) if the reloaded folder is causal.
+    """
+    pooling = pooling_name(pooling)
+    torch_dtype = parse_dtype(dtype)
+    backbone = _backbone(model)
+    config = backbone.config
+    if not is_bidirectional(backbone):
+        raise NotBidirectionalError(f"refusing to export: the '{config.model_type}' model is causal "
+                                    "(config.is_causal is not False); make it bidirectional first")
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"{out_dir} exists and is not a folder")
+    max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if max_positions and max_seq_length and max_seq_length > max_positions:
+        max_seq_length = int(max_positions)
+    attn = preferred_attention(config)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.export.", dir=out_dir.parent))
+    try:
+        stage, built = scratch / "stage", scratch / "built"
+        tok = prepare_tokenizer(tokenizer, stage, max_seq_length)
+        saved = (config.architectures, config.pad_token_id)
+        try:
+            if config.pad_token_id is None:
+                config.pad_token_id = tok.pad_token_id
+            backbone.save_pretrained(stage)
+        finally:
+            config.architectures, config.pad_token_id = saved
+        model_dtype = torch_dtype or next(backbone.parameters()).dtype
+        _build(stage, built, pooling=pooling, normalize=normalize, prompts=prompts, attn=attn, dtype=model_dtype)
+        report = probe_folder(built, where=f"export to {out_dir}")
+        manifest = {"adapt_export": 1, "source": source, "pooling": pooling, "normalize": bool(normalize),
+                    "dtype": str(model_dtype).removeprefix("torch."), "max_seq_length": max_seq_length,
+                    "attn_implementation": attn, "prompts": prompts or {}, "card": card or {},
+                    "probe": report.to_dict()}
+        (built / "README.md").write_text(render_card(out_dir.name, manifest), encoding="utf-8")
+        manifest["files"] = sorted(p.name for p in built.iterdir()) + [MANIFEST]
+        (built / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str) + "\n", encoding="utf-8")
+        _move_into(built, out_dir)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return out_dir
+
+
+def _build(stage: Path, built: Path, *, pooling, normalize, prompts, attn, dtype) -> None:
+    """Assemble the sentence-transformers modules from the staged backbone and save them to ``built``."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    transformer = Transformer(str(stage), model_kwargs={"attn_implementation": attn, "dtype": dtype},
+                              modality_config=_TEXT_ONLY, module_output_name="token_embeddings")
+    modules = [transformer, Pooling(transformer.get_embedding_dimension(), pooling_mode=POOLINGS[pooling])]
+    if normalize:
+        modules.append(Normalize())
+    st = SentenceTransformer(modules=modules, prompts=dict(prompts or {}), similarity_fn_name="cosine",
+                             device="cpu")
+    st.save(str(built), create_model_card=False)
+    if attn != "sdpa":
+        # transformers does not persist the attention implementation in config.json, but
+        # sentence-transformers passes these model_kwargs to from_pretrained on every load.
+        path = built / Transformer.config_file_name
+        st_config = json.loads(path.read_text(encoding="utf-8"))
+        st_config["model_kwargs"] = {"attn_implementation": attn}
+        path.write_text(json.dumps(st_config, indent=4) + "\n", encoding="utf-8")
+
+
+def probe_folder(folder, *, where: str = ""):
+    """Load ``folder`` as sentence-transformers loads it and assert that its backbone is bidirectional."""
+    from sentence_transformers import SentenceTransformer
+
+    try:
+        st = SentenceTransformer(str(folder), device="cpu")
+    except Exception as err:  # noqa: BLE001 - any load failure means the export is unusable
+        raise ModelLoadError(f"{where or folder}: sentence-transformers cannot load the export: {err}") from err
+    return assert_bidirectional(st[0].auto_model, where=where)
+
+
+def _move_into(built: Path, out_dir: Path) -> None:
+    """Move the export's files into ``out_dir`` without touching ``run/``; ``modules.json`` goes last."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "modules.json").unlink(missing_ok=True)  # mid-swap, the folder is not an encoder at all
+    new = {p.name for p in built.iterdir()}
+    old_manifest = out_dir / MANIFEST
+    if old_manifest.exists():
+        try:
+            stale = set(json.loads(old_manifest.read_text(encoding="utf-8")).get("files", [])) - new
+        except (json.JSONDecodeError, OSError):
+            stale = set()
+        for name in stale - {RUN_DIR}:
+            _remove(out_dir / name)
+    for name in sorted(new - {"modules.json", RUN_DIR}):
+        _remove(out_dir / name)
+        os.replace(built / name, out_dir / name)
+    os.replace(built / "modules.json", out_dir / "modules.json")
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def read_st_settings(folder) -> dict | None:
+    """The pooling, normalization, prompts and limits of a sentence-transformers folder (None if it is not one).
+
+    ``unsupported`` lists modules or pooling modes adapt's fast encoder does not implement.
+    """
+    folder = Path(folder)
+    try:
+        modules = json.loads((folder / "modules.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    out = {"transformer_path": None, "pooling": "mean", "include_prompt": True, "normalize": False, "prompts": {},
+           "default_prompt_name": None, "max_seq_length": None, "do_lower_case": False,
+           "attn_implementation": None, "unsupported": []}
+    for module in modules:
+        kind, path = module.get("type", "").rsplit(".", 1)[-1], folder / module.get("path", "")
+        if kind == "Transformer" and out["transformer_path"] is None:
+            out["transformer_path"] = path
+            cfg = _read_json(path / "sentence_bert_config.json")
+            out["max_seq_length"] = cfg.get("max_seq_length")
+            out["do_lower_case"] = bool(cfg.get("do_lower_case", False))
+            out["attn_implementation"] = (cfg.get("model_kwargs") or cfg.get("model_args") or {}).get(
+                "attn_implementation")
+        elif kind == "Pooling":
+            cfg = _read_json(path / "config.json")
+            mode = cfg.get("pooling_mode") or [m for k, m in _LEGACY_MODES.items() if cfg.get(k)] or "mean"
+            mode = mode[0] if isinstance(mode, list) and len(mode) == 1 else mode
+            if isinstance(mode, (list, tuple)) or mode not in POOLINGS.values():
+                out["unsupported"].append(f"pooling mode {mode}")
+            else:
+                out["pooling"] = pooling_name(mode)
+            out["include_prompt"] = cfg.get("include_prompt", True)
+        elif kind == "Normalize":
+            out["normalize"] = True
+        else:
+            out["unsupported"].append(f"module {kind}")
+    st_cfg = _read_json(folder / "config_sentence_transformers.json")
+    out["prompts"] = dict(st_cfg.get("prompts") or {})
+    out["default_prompt_name"] = st_cfg.get("default_prompt_name")
+    if out["transformer_path"] is None:
+        out["unsupported"].append("no Transformer module")
+    return out
+
+
+_LEGACY_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
+                 "pooling_mode_mean_tokens": "mean", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+                 "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken"}
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _model_folder(source: Path) -> Path:
+    """The transformers model folder inside ``source`` (itself, or a checkpoint's ``model/``)."""
+    for candidate in (source, source / "model"):
+        if (candidate / "config.json").is_file():
+            return candidate
+    if (source / "adapter_config.json").is_file():
+        raise ModelLoadError(f"{source} holds a LoRA adapter, not a model: merge it into its base and save the "
+                             "merged model (adapt.tuning merge) before exporting it")
+    raise ModelLoadError(f"{source} is not a model folder: no config.json in it or in {source / 'model'}")
+
+
+def _tokenizer_folder(model_dir: Path) -> Path:
+    """The nearest folder at or above ``model_dir`` (up to a run folder's root) with tokenizer files."""
+    for folder in [model_dir, *model_dir.parents][:5]:
+        if (folder / "tokenizer_config.json").is_file() or (folder / "tokenizer.json").is_file():
+            return folder
+    raise ModelLoadError(f"no tokenizer found in {model_dir} or the folders above it")
+
+
+def export_from_path(source, out_dir, *, pooling: str | None = None, normalize: bool | None = None,
+                     max_seq_length: int | None = None, prompts: dict[str, str] | None = None, dtype=None,
+                     card: dict | None = None) -> Path:
+    """``adapt export SOURCE -o DIR``: re-export a converted run folder, an exported encoder or a checkpoint.
+
+    ``SOURCE`` is a folder with ``config.json`` + safetensors (a converted/exported encoder, or a
+    checkpoint ``OUT/run/checkpoints/step-N`` holding ``model/``). Settings left as None are taken
+    from the source's previous export (``adapt_export.json``), else mean pooling, no normalization,
+    512 tokens, no prompts. The source must already be bidirectional (``is_causal: false``).
+    """
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    source = Path(source)
+    if not source.is_dir():
+        raise ModelLoadError(f"{source} is not a folder")
+    model_dir = _model_folder(source)
+    previous = _read_json(model_dir / MANIFEST)
+    try:
+        config = AutoConfig.from_pretrained(model_dir)
+    except Exception as err:  # noqa: BLE001
+        raise ModelLoadError(f"{model_dir}: cannot read config.json: {err}") from err
+    if not is_bidirectional(config):
+        raise NotBidirectionalError(f"{model_dir} is a causal '{config.model_type}' model (config.is_causal is "
+                                    "not False): convert it with `adapt convert` before exporting it")
+    try:
+        model = AutoModel.from_pretrained(model_dir, config=config, attn_implementation=preferred_attention(config))
+        tokenizer = AutoTokenizer.from_pretrained(_tokenizer_folder(model_dir))
+    except Exception as err:  # noqa: BLE001
+        raise ModelLoadError(f"{model_dir}: cannot load the model or tokenizer: {err}") from err
+    return export_encoder(
+        model, tokenizer, out_dir,
+        pooling=pooling or previous.get("pooling", "mean"),
+        normalize=previous.get("normalize", False) if normalize is None else normalize,
+        max_seq_length=max_seq_length or previous.get("max_seq_length") or 512,
+        prompts=previous.get("prompts") if prompts is None else prompts,
+        dtype=dtype if dtype is not None else previous.get("dtype"),
+        card={**previous.get("card", {}), **(card or {})},
+        source=previous.get("source") or str(source))
+
+
+def render_card(name: str, manifest: dict) -> str:
+    """The model card (README.md) from ``manifest["card"]``, the dict the caller passes: ``final_eval``
+    / ``metrics`` (final training figures), ``bench`` (``{task: score}``), ``recipe`` (the full run
+    config, shown as JSON) and any other keys (objective, steps, mask_ratio, tuning, ...) as the recipe table."""
+    card = dict(manifest.get("card") or {})
+    metrics = card.pop("final_eval", None) or card.pop("metrics", None) or card.pop("final", None) or {}
+    bench = card.pop("bench", None) or card.pop("benchmark", None) or {}
+    full_recipe = card.pop("recipe", None)
+    source = manifest.get("source") or card.get("source") or "unknown"
+    lines = ["---", "library_name: sentence-transformers", "pipeline_tag: sentence-similarity",
+             "tags: [sentence-transformers, feature-extraction, bidirectional, adapt]"]
+    if manifest.get("source") and not os.path.isabs(str(source)) and not os.path.exists(str(source)):
+        lines.append(f"base_model: {source}")
+    lines += ["---", "", f"# {name}", "",
+              f"A bidirectional text encoder converted by `adapt` from the causal decoder `{source}`: its attention "
+              "sees the whole text (`\"is_causal\": false` in config.json), adapted as the recipe below says.", "",
+              "## Usage", "", "```python", "from sentence_transformers import SentenceTransformer",
+              f'model = SentenceTransformer("{name}")', 'vectors = model.encode(["A first text.", "Another one."])',
+              "```", "", f'Or `adapt embed {name} "A first text."`. The backbone alone loads with '
+              "`transformers.AutoModel.from_pretrained`.", "", "## Encoder", "", "| setting | value |", "|---|---|",
+              f"| pooling | {manifest['pooling']} |", f"| normalized | {manifest['normalize']} |",
+              f"| max sequence length | {manifest['max_seq_length']} |", f"| dtype | {manifest['dtype']} |",
+              f"| attention | {manifest['attn_implementation']} |"]
+    lines += [f"| prompt `{key}` | `{value!r}` |" for key, value in (manifest.get("prompts") or {}).items()]
+    probe = manifest.get("probe") or {}
+    if probe:
+        lines.append(f"| bidirectionality probe: first-token change (unpadded / right / left padding) | "
+                     f"{probe['unpadded']:.3g} / {probe['right_padded']:.3g} / {probe['left_padded']:.3g} |")
+    lines += ["", "## Recipe", ""] + (_table(card) if card else ["Exported without training."])
+    if full_recipe:
+        lines += ["", "<details><summary>full run configuration</summary>", "", "```json",
+                  json.dumps(full_recipe, indent=2, default=str), "```", "", "</details>"]
+    lines += ["", "## Training figures", ""] + (_table(metrics) if metrics else ["None recorded."])
+    lines += ["", "## Benchmark", ""] + (_table(bench) if bench else ["Not benchmarked yet: run `adapt bench`."])
+    return "\n".join(lines) + "\n"
+
+
+def _table(values: dict) -> list[str]:
+    def fmt(value):
+        if isinstance(value, float):
+            return f"{value:.4g}"
+        return value if isinstance(value, str) else json.dumps(value, default=str)
+    return ["| key | value |", "|---|---|", *(f"| {key} | {fmt(value)} |" for key, value in values.items())]

@@ -1,0 +1,247 @@
+"""Load a causal decoder and its tokenizer from a folder, a hub id, a GGUF file or an installed package.
+
+The config is switched to bidirectional attention BEFORE the model is built (so attention modules
+are created for full attention), the family's preferred attention implementation is used, pickle
+weights are refused unless allowed, and remote code is off unless asked.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from adapt.arch import facts_for
+from adapt.bidirectional import prepare_config
+from adapt.config import ModelConfig, TuningConfig
+from adapt.errors import ModelLoadError
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class Source:
+    """Where the weights are: a transformers folder or hub id, plus a GGUF file name inside it."""
+    path: str
+    gguf_file: str | None = None
+
+    @property
+    def is_local(self) -> bool:
+        return Path(self.path).exists()
+
+
+def resolve_source(source: str, gguf_file: str | None = None) -> Source:
+    """Turn the user's MODEL argument into a :class:`Source`; errors say what to pass instead."""
+    if not source:
+        raise ModelLoadError("no model given: pass a folder, a hub id (org/name), a .gguf file or py:PACKAGE")
+    if source.startswith("py:"):
+        spec = importlib.util.find_spec(source[3:])
+        if spec is None or spec.origin is None:
+            raise ModelLoadError(f"{source}: no installed Python package {source[3:]!r}; pip install it first")
+        source = str(Path(spec.origin).parent)
+    path = Path(source).expanduser()
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ModelLoadError(f"{source} is a file but not a .gguf file: pass the model's folder instead")
+        return Source(str(path.parent), path.name)
+    if path.is_dir():
+        ggufs = sorted(p.name for p in path.glob("*.gguf"))
+        if gguf_file is None and not (path / "config.json").exists():
+            if len(ggufs) == 1:
+                gguf_file = ggufs[0]
+            elif len(ggufs) > 1:
+                raise ModelLoadError(f"{source} holds several GGUF files {ggufs}: choose one with --set model.gguf_file=NAME")
+            else:
+                raise ModelLoadError(f"{source} has no config.json and no .gguf file: it is not a transformers model folder")
+        return Source(str(path), gguf_file)
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", source) or re.fullmatch(r"[\w.-]+", source):
+        return Source(source, gguf_file)  # a hub id: resolved by transformers, needs a network
+    raise ModelLoadError(f"{source}: no such file or folder (and not a hub id like org/name)")
+
+
+def _hub_kwargs(cfg: ModelConfig) -> dict:
+    return {"trust_remote_code": cfg.trust_remote_code, "revision": cfg.revision}
+
+
+def load_config(cfg: ModelConfig, source: Source | None = None):
+    """The model's config, checked to be a causal decoder that transformers can build."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+
+    source = source or resolve_source(cfg.source, cfg.gguf_file)
+    try:
+        config = AutoConfig.from_pretrained(source.path, gguf_file=source.gguf_file, **_hub_kwargs(cfg))
+    except OSError as e:
+        where = "folder" if source.is_local else "hub id (no network? pass a local folder or .gguf file)"
+        raise ModelLoadError(f"cannot load a model config from {source.path!r} as a {where}: {e}") from None
+    except ValueError as e:
+        raise ModelLoadError(f"{source.path}: {e}") from None
+    model_type = getattr(config, "model_type", "")
+    # Families with a masked-LM head in transformers (BERT, RoBERTa, ...) are encoders that can
+    # also be run as decoders; they are already bidirectional and are not what adapt converts.
+    is_encoder = model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    if getattr(config, "is_encoder_decoder", False) or is_encoder or model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ModelLoadError(
+            f"{cfg.source!r} is a {model_type or 'unknown'!r} model, not a causal decoder: adapt converts "
+            "decoder-only language models (Llama, Qwen, Mistral, Gemma, GPT-2, ...). An encoder such as BERT "
+            "is already bidirectional; use it as it is.")
+    return config
+
+
+def _check_weights(source: Source, cfg: ModelConfig) -> None:
+    if not source.is_local or source.gguf_file:
+        return
+    folder = Path(source.path)
+    has_safe = any(folder.glob("*.safetensors"))
+    has_pickle = any(folder.glob("*.bin")) or any(folder.glob("*.pt"))
+    if not has_safe and has_pickle and not cfg.allow_pickle:
+        raise ModelLoadError(
+            f"{folder} has only pickle weights (.bin/.pt), which can run code when loaded. Convert them to "
+            "safetensors, or pass --set model.allow_pickle=true if you trust the source.")
+    if not has_safe and not has_pickle:
+        raise ModelLoadError(f"{folder} has a config.json but no weights (*.safetensors)")
+
+
+def quantization_config(tuning: TuningConfig | None):
+    if tuning is None or tuning.method != "qlora":
+        return None
+    from transformers import BitsAndBytesConfig
+
+    if tuning.quant_bits == 8:
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=tuning.quant_type,
+                              bnb_4bit_use_double_quant=tuning.double_quant,
+                              bnb_4bit_compute_dtype=torch.bfloat16)
+
+
+def load_tokenizer(cfg: ModelConfig, source: Source | None = None):
+    from transformers import AutoTokenizer
+
+    source = source or resolve_source(cfg.source, cfg.gguf_file)
+    try:
+        tok = AutoTokenizer.from_pretrained(source.path, gguf_file=source.gguf_file, **_hub_kwargs(cfg))
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"cannot load a tokenizer from {source.path!r}: {e}") from None
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token or tok.unk_token
+    return tok
+
+
+def load_decoder(cfg: ModelConfig, tuning: TuningConfig | None = None, *, bidirectional: bool = True,
+                 device_map=None):
+    """Load ``(model, tokenizer)``; the model is a ``*ForCausalLM`` made bidirectional unless told not to."""
+    from transformers import AutoModelForCausalLM
+
+    source = resolve_source(cfg.source, cfg.gguf_file)
+    config = load_config(cfg, source)
+    _check_weights(source, cfg)
+    facts = facts_for(config)
+    if bidirectional:
+        prepare_config(config, sliding_window=cfg.sliding_window)
+    attn = cfg.attn_implementation or facts.attn_implementations[0]
+    kwargs = dict(config=config, attn_implementation=attn, gguf_file=source.gguf_file,
+                  use_safetensors=None if (cfg.allow_pickle or source.gguf_file) else True, **_hub_kwargs(cfg))
+    if cfg.dtype != "auto":
+        kwargs["dtype"] = DTYPES[cfg.dtype]
+    qconfig = quantization_config(tuning)
+    if qconfig is not None:
+        if source.gguf_file:
+            raise ModelLoadError("QLoRA needs unquantized weights to quantize; a GGUF file is already quantized. "
+                                 "Use --tuning lora, or convert the GGUF to a safetensors folder first.")
+        kwargs["quantization_config"] = qconfig
+        kwargs.setdefault("dtype", torch.bfloat16)
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source.path, **kwargs)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"cannot load weights from {source.path!r}: {e}") from None
+    if source.gguf_file:
+        # GGUF weights are dequantized on load; drop the marker so save_pretrained writes plain safetensors.
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.hf_quantizer = None
+        if cfg.dtype == "auto":
+            model.to(torch.float32)
+    tokenizer = load_tokenizer(cfg, source)
+    return model, tokenizer
+
+
+# ---- mask token policy -------------------------------------------------------------------------
+
+MASK_POLICIES = ("auto", "tokenizer", "reserved", "add", "underscore", "eos")
+
+
+@dataclass
+class MaskToken:
+    token: str
+    id: int
+    policy: str   # which rule chose it
+    added: bool   # a new token was added and the embeddings resized
+
+
+def _reserved_candidates(tokenizer, config) -> list[str]:
+    vocab = tokenizer.get_vocab()
+    named = [t for t in facts_for(config).mask_token_candidates if t in vocab]
+    used = {tokenizer.pad_token, tokenizer.eos_token, tokenizer.bos_token, tokenizer.unk_token}
+    special = [t for t in getattr(tokenizer, "all_special_tokens", []) if t not in used]
+    special += [t for t in getattr(tokenizer, "added_tokens_encoder", {}) if t not in used]
+    generic = sorted({t for t in special if re.search(r"reserved|unused", t, re.I)}, key=lambda t: vocab.get(t, 0))
+    return named + [t for t in generic if t not in named]
+
+
+def setup_mask_token(model, tokenizer, policy: str = "auto") -> MaskToken:
+    """Choose the mask token by ``policy`` (see ModelConfig.mask_token) and set it on the tokenizer.
+
+    ``auto``: the tokenizer's own mask token, else an unused reserved special token, else add
+    ``<mask>`` and resize the embeddings. ``underscore`` and ``eos`` are LLM2Vec's choices. Any other
+    string is taken as a literal token that must exist in the vocabulary.
+    """
+    vocab = tokenizer.get_vocab()
+    chosen, rule = None, policy
+    if policy in ("auto", "tokenizer") and tokenizer.mask_token is not None:
+        chosen, rule = tokenizer.mask_token, "tokenizer"
+    elif policy == "tokenizer":
+        raise ModelLoadError("the tokenizer has no mask token: use --set model.mask_token=auto (or add, reserved)")
+    if chosen is None and policy in ("auto", "reserved"):
+        candidates = _reserved_candidates(tokenizer, model.config)
+        if candidates:
+            chosen, rule = candidates[0], "reserved"
+        elif policy == "reserved":
+            raise ModelLoadError("the tokenizer has no unused reserved special token: use --set model.mask_token=add")
+    if chosen is None and policy == "underscore":
+        ids = tokenizer.encode("_", add_special_tokens=False)
+        if len(ids) != 1:
+            raise ModelLoadError("'_' is not a single token for this tokenizer: choose another mask_token policy")
+        chosen = tokenizer.convert_ids_to_tokens(ids[0])
+    if chosen is None and policy == "eos":
+        if tokenizer.eos_token is None:
+            raise ModelLoadError("the tokenizer has no EOS token: choose another mask_token policy")
+        chosen = tokenizer.eos_token
+    if chosen is None and policy not in MASK_POLICIES:
+        if policy not in vocab:
+            raise ModelLoadError(f"mask token {policy!r} is not in the vocabulary; use one of {MASK_POLICIES}")
+        chosen, rule = policy, "literal"
+    added = False
+    if chosen is None:  # auto or add: a new token
+        chosen, rule = "<mask>", "add"
+        if chosen not in vocab:
+            tokenizer.add_special_tokens({"mask_token": chosen})
+            added = True
+    if rule in ("underscore", "eos"):
+        # Shared with a real token: do not register it as the tokenizer's mask_token (it would be
+        # stripped from decoded text); the objective gets the id directly.
+        pass
+    else:
+        tokenizer.mask_token = chosen
+    token_id = tokenizer.convert_tokens_to_ids(chosen)
+    if added or token_id >= model.get_input_embeddings().num_embeddings:
+        model.resize_token_embeddings(len(tokenizer), mean_resizing=True)
+        added = True
+    return MaskToken(chosen, int(token_id), rule, added)

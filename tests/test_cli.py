@@ -1,0 +1,73 @@
+"""The CLI: help texts, a tiny conversion through `adapt convert`, friendly errors, 2-process DDP."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cli import main
+from tests.tiny import CORPUS
+
+COMMANDS = ["convert", "presets", "probe", "export", "embed", "finetune", "classify", "bench"]
+
+
+def test_help_lists_every_command():
+    result = CliRunner().invoke(main, ["--help"])
+    assert result.exit_code == 0
+    for name in COMMANDS:
+        assert name in result.output
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_command_help(name):
+    result = CliRunner().invoke(main, [name, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Usage:" in result.output and len(result.output) > 200
+
+
+def test_presets_list_and_show():
+    result = CliRunner().invoke(main, ["presets"])
+    assert result.exit_code == 0 and "llm2vec-mntp" in result.output and "qlora" in result.output
+    shown = CliRunner().invoke(main, ["presets", "mlm-40"])
+    assert "mask_ratio: 0.4" in shown.output
+
+
+def test_convert_cli_and_friendly_errors(tiny_model_dir, tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(CORPUS * 4)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["convert", str(tiny_model_dir), "-o", str(out), "--preset", "tiny",
+                                       "--data", str(corpus), "--objective", "mntp", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "probe after reload" in result.output
+    assert (out / "run/config.yaml").read_text().count("mntp") >= 1
+    again = CliRunner().invoke(main, ["convert", str(tiny_model_dir), "-o", str(out), "--preset", "tiny",
+                                      "--data", str(corpus), "--quiet"])
+    assert again.exit_code == 2 and "--overwrite" in again.output and "Traceback" not in again.output
+    bad = CliRunner().invoke(main, ["convert", str(tmp_path / "nope"), "-o", str(tmp_path / "o2"), "--preset", "tiny",
+                                    "--data", str(corpus)])
+    assert bad.exit_code == 2 and "error:" in bad.output
+
+
+def test_probe_cli(tiny_model_dir):
+    assert CliRunner().invoke(main, ["probe", str(tiny_model_dir)]).exit_code == 0
+    causal = CliRunner().invoke(main, ["probe", str(tiny_model_dir), "--as-is"])
+    assert causal.exit_code == 1 and '"bidirectional": false' in causal.output
+
+
+def test_two_process_ddp_on_cpu(tiny_model_dir, tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(CORPUS * 8)
+    out = tmp_path / "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true", "PYTHONPATH": str(Path.cwd())}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531",
+           "-m", "adapt", "convert", str(tiny_model_dir), "-o", str(out), "--preset", "tiny",
+           "--data", str(corpus), "--quiet"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "run/summary.json").read_text())
+    assert summary["tokens"] == 4 * 2 * 32 * 2  # steps x batch x seq_len x processes
+    assert summary["probe_after"]["bidirectional"]

@@ -1,0 +1,178 @@
+"""adapt convert end to end on tiny models: layout, reload, resume, crashes and bad inputs."""
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModel
+
+from adapt.bidirectional import probe
+from adapt.convert import convert
+from adapt.errors import ConfigError, DataError, ModelLoadError, OutputExistsError, TrainingError
+from adapt.train import Trainer, checkpoint_dirs
+from tests.tiny import CORPUS
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n\n".join([CORPUS] * 6), encoding="utf-8")
+    return path
+
+
+def _run(model_dir, out, corpus, **kw):
+    kw.setdefault("preset", "tiny")
+    return convert(str(model_dir), out, data=[str(corpus)], show_progress=False, **kw)
+
+
+def test_convert_layout_and_reload(tiny_model_dir, corpus, tmp_path):
+    out = tmp_path / "out"
+    result = _run(tiny_model_dir, out, corpus)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["is_causal"] is False
+    assert (out / "model.safetensors").exists() and not list(out.glob("*.bin"))
+    for f in ["run/config.yaml", "run/metrics.jsonl", "run/summary.json", "run/loss.png", "modules.json"]:
+        assert (out / f).exists(), f
+    assert checkpoint_dirs(out / "run")
+    summary = json.loads((out / "run/summary.json").read_text())
+    assert summary["probe_before"]["bidirectional"] and summary["probe_after"]["bidirectional"]
+    assert summary["mask_token"]["added"] and summary["steps"] == 4
+    assert "eval/mlm_loss" in summary["final_eval"]
+    model = AutoModel.from_pretrained(out)
+    assert probe(model).bidirectional
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(out).mask_token == "<mask>"
+    assert result.summary["tokens"] == 4 * 2 * 32
+
+
+def _weights(out):
+    return load_file(str(out / "model.safetensors"))
+
+
+def test_resume_after_crash_equals_uninterrupted_run(tiny_model_dir, corpus, tmp_path, monkeypatch):
+    straight = tmp_path / "straight"
+    _run(tiny_model_dir, straight, corpus, overrides=["train.max_steps=6", "train.save_every=2"])
+
+    crashed = tmp_path / "crashed"
+    original = Trainer._batch
+    calls = {"n": 0}
+
+    def dying_batch(self, blocks, objective, gen):
+        calls["n"] += 1
+        if calls["n"] == 4 + 1:  # step 5 begins after the step-4 checkpoint (eval batches excluded below)
+            raise RuntimeError("simulated kill")
+        return original(self, blocks, objective, gen)
+
+    monkeypatch.setattr(Trainer, "evaluate", lambda self: {})
+    monkeypatch.setattr(Trainer, "_batch", dying_batch)
+    with pytest.raises(RuntimeError, match="simulated kill"):
+        _run(tiny_model_dir, crashed, corpus, overrides=["train.max_steps=6", "train.save_every=2"])
+    assert [p.name for p in checkpoint_dirs(crashed / "run")] == ["step-000002", "step-000004"]
+    assert not (crashed / "model.safetensors").exists()
+    monkeypatch.setattr(Trainer, "_batch", original)
+    with pytest.raises(OutputExistsError, match="--resume"):
+        _run(tiny_model_dir, crashed, corpus, overrides=["train.max_steps=6", "train.save_every=2"])
+    _run(tiny_model_dir, crashed, corpus, overrides=["train.max_steps=6", "train.save_every=2"], resume=True)
+    a, b = _weights(straight), _weights(crashed)
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
+    steps = [r["step"] for r in map(json.loads, (crashed / "run/metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    assert steps == sorted(steps) and len(steps) == len(set(steps)) == 6
+
+
+def test_resume_refuses_changed_settings(tiny_model_dir, corpus, tmp_path):
+    out = tmp_path / "out"
+    _run(tiny_model_dir, out, corpus)
+    with pytest.raises(ConfigError, match="train.lr"):
+        _run(tiny_model_dir, out, corpus, overrides=["train.lr=0.5"], resume=True)
+
+
+def test_ctrl_c_saves_a_checkpoint(tiny_model_dir, corpus, tmp_path, monkeypatch):
+    calls = {"n": 0}
+    original = Trainer._batch
+
+    def interrupted(self, blocks, objective, gen):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt
+        return original(self, blocks, objective, gen)
+
+    monkeypatch.setattr(Trainer, "_batch", interrupted)
+    out = tmp_path / "out"
+    with pytest.raises(TrainingError, match="--resume"):
+        _run(tiny_model_dir, out, corpus, overrides=["train.save_every=0", "train.eval_every=0"])
+    assert [p.name for p in checkpoint_dirs(out / "run")] == ["step-000003"]
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tiny_model_dir, corpus, tmp_path, monkeypatch):
+    from adapt import objectives
+
+    original = objectives.LabeledPositionsLM.forward
+    calls = {"n": 0}
+
+    def nan_forward(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        calls["n"] += 1
+        if self.training and calls["n"] >= 4:
+            out["loss"] = out["loss"] * float("nan")
+        return out
+
+    monkeypatch.setattr(objectives.LabeledPositionsLM, "forward", nan_forward)
+    out = tmp_path / "out"
+    with pytest.raises(TrainingError, match="last good checkpoint is .*step-000002"):
+        _run(tiny_model_dir, out, corpus, overrides=["train.eval_every=0"])
+    assert not (out / "model.safetensors").exists()
+
+
+def test_out_holding_another_run_is_refused_unless_overwrite(tiny_model_dir, corpus, tmp_path):
+    out = tmp_path / "out"
+    _run(tiny_model_dir, out, corpus)
+    with pytest.raises(OutputExistsError, match="--overwrite"):
+        _run(tiny_model_dir, out, corpus)
+    _run(tiny_model_dir, out, corpus, overwrite=True)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(OutputExistsError):
+        _run(tiny_model_dir, other, corpus)
+    assert (other / "notes.txt").read_text() == "mine"
+
+
+def test_bad_inputs(tiny_model_dir, corpus, tmp_path):
+    with pytest.raises(ModelLoadError):
+        _run(tmp_path / "missing-model", tmp_path / "o1", corpus)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    with pytest.raises(DataError, match="empty"):
+        _run(tiny_model_dir, tmp_path / "o2", empty)
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"good line\nanother\n\xff\xfe broken\n")
+    with pytest.raises(DataError, match=r"bad.txt:3: not valid UTF-8"):
+        _run(tiny_model_dir, tmp_path / "o3", bad)
+    with pytest.raises(ConfigError, match="no training text"):
+        convert(str(tiny_model_dir), tmp_path / "o4", preset="tiny", show_progress=False)
+
+
+@pytest.mark.parametrize("schedule", ["mntp", "clm", "{mlm: 0.5, clm: 0.5}", "[{objective: clm, until: 0.5}, {objective: mlm, until: 1.0}]"])
+def test_objectives_and_schedules_run(tiny_model_dir, corpus, tmp_path, schedule):
+    out = tmp_path / "out"
+    result = _run(tiny_model_dir, out, corpus, overrides=[f"objective.schedule={schedule}"])
+    assert result.summary["probe_after"]["bidirectional"]
+    records = [json.loads(line) for line in (out / "run/metrics.jsonl").read_text().splitlines()]
+    used = {r["objective"] for r in records if "objective" in r}
+    expected = {"mntp"} if schedule == "mntp" else {"clm"} if schedule == "clm" else {"clm", "mlm"}
+    assert used <= expected and (used == expected or schedule.startswith("{"))
+
+
+@pytest.mark.parametrize("family", ["gpt2", "qwen3", "gemma2", "phi3"])
+def test_convert_other_families(family, tmp_path, corpus, tokenizer):
+    from tests.tiny import tiny_decoder
+
+    src = tmp_path / family
+    tiny_decoder(family, vocab_size=len(tokenizer)).save_pretrained(src)
+    tokenizer.save_pretrained(src)
+    result = _run(src, tmp_path / "out", corpus, tuning="lora")
+    assert result.summary["probe_after"]["bidirectional"]
+    assert (tmp_path / "out/run/adapter/adapter_model.safetensors").exists()

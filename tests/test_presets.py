@@ -1,0 +1,54 @@
+"""Every preset parses into a valid RunConfig; overrides and bad keys behave."""
+import pytest
+import yaml
+
+from adapt.config import RunConfig, apply_overrides, build_config, list_presets, load_preset
+from adapt.errors import ConfigError
+
+REQUIRED = {"llm2vec-mntp", "mlm-40", "clm-then-mlm", "mix-50-50", "qlora", "tiny", "demo"}
+
+
+def test_required_presets_exist():
+    assert REQUIRED <= set(list_presets())
+
+
+@pytest.mark.parametrize("name", sorted(list_presets()))
+def test_preset_is_valid_and_round_trips(name):
+    cfg = RunConfig.from_dict(load_preset(name))
+    assert cfg.description, f"preset {name} needs a description line"
+    again = RunConfig.from_dict(yaml.safe_load(cfg.to_yaml()))
+    assert again == cfg
+
+
+def test_preset_specifics():
+    assert build_config("llm2vec-mntp").objective.schedule == "mntp"
+    assert build_config("llm2vec-mntp").model.mask_token == "underscore"
+    assert build_config("mlm-40").objective.mask_ratio == 0.4
+    phases = build_config("clm-then-mlm").objective.schedule
+    assert [p["objective"] for p in phases] == ["clm", "mlm"]
+    assert build_config("qlora").tuning.method == "qlora"
+
+
+def test_overrides_and_explicit_arguments():
+    cfg = build_config("tiny", ["train.lr=0.5", "objective.schedule={mlm: 0.75, clm: 0.25}"], train__max_steps=9)
+    assert cfg.train.lr == 0.5 and cfg.train.max_steps == 9
+    assert cfg.objective.schedule == {"mlm": 0.75, "clm": 0.25}
+    assert build_config("tiny", ["train.max_steps=3"], train__max_steps=9).train.max_steps == 3
+
+
+@pytest.mark.parametrize("bad, match", [
+    (["train.nope=1"], "unknown key"),
+    (["nosection.x=1"], "unknown section"),
+    (["train.lr"], "section.key=value"),
+    (["objective.mask_ratio=1.5"], "mask_ratio"),
+    (["objective.schedule=mlmx"], "objective.schedule"),
+    (["tuning.method=ia3"], "tuning.method"),
+])
+def test_bad_settings_are_clear_errors(bad, match):
+    with pytest.raises(ConfigError, match=match):
+        build_config("tiny", bad)
+
+
+def test_unknown_preset():
+    with pytest.raises(ConfigError, match="available"):
+        load_preset("does-not-exist")

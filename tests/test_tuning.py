@@ -1,0 +1,75 @@
+"""Full, LoRA and QLoRA (bitsandbytes on CPU) steps whose loss falls on a fixed batch; merging."""
+import pytest
+import torch
+
+from adapt.config import ModelConfig, TuningConfig
+from adapt.loading import load_decoder, setup_mask_token
+from adapt.objectives import LabeledPositionsLM, mask_batch
+from adapt.tuning import apply_tuning, merged_model, trainable_parameters
+
+
+def _fixed_batch(tok, mask_id, vocab):
+    text = ["the quick brown fox jumps over the lazy dog and reads text", "an encoder reads the whole sentence at once"]
+    ids = tok(text, padding="max_length", max_length=16, truncation=True, return_tensors="pt")["input_ids"]
+    return mask_batch(ids, "mlm", mask_token_id=mask_id, vocab_size=vocab, special_ids=[0, 1, 2], ratio=0.4,
+                      generator=torch.Generator().manual_seed(0))
+
+
+def _train_steps(model, inputs, labels, steps=12, lr=2e-2):
+    wrapper = LabeledPositionsLM(model)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    losses = []
+    for _ in range(steps):
+        loss = wrapper(input_ids=inputs, labels=labels)["loss"]
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss))
+    return losses
+
+
+@pytest.mark.parametrize("method", ["full", "lora", "qlora4", "qlora8"])
+def test_loss_falls_on_a_fixed_batch(tiny_model_dir, method):
+    name = "qlora" if method.startswith("qlora") else method
+    tuning = TuningConfig(method=name, quant_bits=8 if method == "qlora8" else 4, lora_r=8, lora_alpha=16, lora_dropout=0.0)
+    model, tok = load_decoder(ModelConfig(source=str(tiny_model_dir)), tuning)
+    mask = setup_mask_token(model, tok, "auto")
+    model = apply_tuning(model, tuning, new_token_ids=[mask.id])
+    trainable, total = trainable_parameters(model)
+    if name == "full":
+        assert trainable == total
+    else:
+        assert 0 < trainable < total / 2
+    inputs, labels = _fixed_batch(tok, mask.id, len(tok))
+    losses = _train_steps(model, inputs, labels)
+    assert losses[-1] < losses[0] - 0.2, losses  # a frozen random LM head limits how far LoRA can go
+
+
+def test_lora_new_mask_token_row_is_trained_and_merged(tiny_model_dir):
+    tuning = TuningConfig(method="lora", lora_r=4, lora_alpha=8, lora_dropout=0.0)
+    model, tok = load_decoder(ModelConfig(source=str(tiny_model_dir)), tuning)
+    mask = setup_mask_token(model, tok, "auto")
+    before = model.get_input_embeddings().weight[mask.id].detach().clone()
+    other = model.get_input_embeddings().weight[5].detach().clone()
+    model = apply_tuning(model, tuning, new_token_ids=[mask.id])
+    inputs, labels = _fixed_batch(tok, mask.id, len(tok))
+    _train_steps(model, inputs, labels, steps=3)
+    merged = merged_model(model, tuning)
+    assert not hasattr(merged, "peft_config")
+    emb = merged.get_input_embeddings().weight
+    assert not torch.allclose(emb[mask.id], before), "the new mask token's embedding did not train under LoRA"
+    assert torch.allclose(emb[5], other), "frozen rows changed"
+
+
+def test_lora_merge_keeps_outputs(tiny_model_dir):
+    tuning = TuningConfig(method="lora", lora_r=4, lora_alpha=8, lora_dropout=0.0)
+    model, tok = load_decoder(ModelConfig(source=str(tiny_model_dir)), tuning)
+    model = apply_tuning(model, tuning)
+    inputs, labels = _fixed_batch(tok, 3, len(tok))
+    _train_steps(model, inputs, labels, steps=2)
+    model.eval()
+    with torch.no_grad():
+        ref = model(input_ids=inputs).logits
+        merged = merged_model(model, tuning)
+        out = merged(input_ids=inputs).logits
+    assert torch.allclose(ref, out, atol=1e-4)
