@@ -107,5 +107,138 @@ def probe(model, bidirectional):
     sys.exit(0 if report.bidirectional else 1)
 
 
+def _prompts(items):
+    out = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"expected NAME=TEXT, got {item!r}", param_hint="--prompt")
+        out[name] = text
+    return out or None
+
+
+@main.command()
+@click.argument("source", type=click.Path(exists=True, file_okay=False))
+@click.option("-o", "--out", required=True, type=click.Path(file_okay=False), help="Folder to write the encoder to.")
+@click.option("--pooling", type=click.Choice(["mean", "weightedmean", "lasttoken", "cls"]), help="Pooling (default: as SOURCE).")
+@click.option("--normalize/--no-normalize", default=None, help="L2-normalize embeddings.")
+@click.option("--max-seq-length", type=int, help="Encoder max sequence length.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="Saved dtype.")
+@click.option("--prompt", "prompts", multiple=True, metavar="NAME=TEXT", help="Named prompt, e.g. query='query: '.")
+@_friendly
+def export(source, out, pooling, normalize, max_seq_length, dtype, prompts):
+    """Write an embedding encoder from SOURCE (a converted run, an encoder, or OUT/run/checkpoints/step-N)."""
+    from adapt.export import export_from_path
+
+    path = export_from_path(source, out, pooling=pooling, normalize=normalize, max_seq_length=max_seq_length,
+                            prompts=_prompts(prompts), dtype=dtype)
+    click.echo(f"exported {source} -> {path} (probe: bidirectional)")
+
+
+@main.command()
+@click.argument("encoder")
+@click.argument("texts", nargs=-1)
+@click.option("-i", "--input", "input_path", type=click.Path(dir_okay=False), help="Texts: .txt (a line each), .jsonl, .csv, .parquet; - for stdin.")
+@click.option("-o", "--output", "output_path", type=click.Path(dir_okay=False), help="Vectors: .npy, .parquet or .jsonl (default: jsonl on stdout).")
+@click.option("--field", default="text", show_default=True, help="Field/column of the text in jsonl, csv and parquet.")
+@click.option("--prompt", "prompt_name", help="Prompt name stored in the encoder (e.g. query).")
+@click.option("--batch-size", type=int, default=32, show_default=True)
+@click.option("--max-length", type=int, help="Truncate texts to this many tokens (counted in a warning).")
+@click.option("--normalize/--no-normalize", default=None, help="L2-normalize (default: as the encoder says).")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto", show_default=True)
+@click.option("--device", help="cpu, cuda, cuda:1, mps (default: best available).")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+@_friendly
+def embed(encoder, texts, input_path, output_path, field, prompt_name, batch_size, max_length, normalize, dtype, device, quiet):
+    """Embed TEXT arguments, a file, or stdin with ENCODER; vectors come out in input order.
+
+    An empty text is embedded as the tokenizer's empty input (its special tokens, or EOS when it
+    has none) and counted in a warning; it is never dropped, so output rows match input rows."""
+    from adapt.embed_io import embed as run
+
+    if not texts and input_path is None and not sys.stdin.isatty():
+        input_path = "-"
+    if not texts and input_path is None:
+        raise click.UsageError("give TEXT arguments, --input FILE, or pipe texts on stdin")
+    summary = run(encoder, texts=list(texts) or None, input_path=input_path, output_path=output_path, field=field,
+                  prompt_name=prompt_name, batch_size=batch_size, max_length=max_length, normalize=normalize,
+                  dtype=dtype, device=device, show_progress=not quiet)
+    if output_path:
+        click.echo(f"embedded {summary.n} texts -> {summary.output} ({summary.dim} dims, {summary.seconds:.1f} s)", err=True)
+
+
+@main.command()
+@click.argument("encoder")
+@click.option("--data", "train_path", required=True, type=click.Path(exists=True, dir_okay=False), help="Labeled training text (.jsonl, .csv, .parquet).")
+@click.option("--eval", "eval_path", type=click.Path(exists=True, dir_okay=False), help="Dev split for early stopping (default: 20% of --data).")
+@click.option("-o", "--out", required=True, type=click.Path(file_okay=False))
+@click.option("--text-field", default="text", show_default=True)
+@click.option("--label-field", default="label", show_default=True)
+@click.option("--tuning", type=click.Choice(["full", "lora"]), default="full", show_default=True)
+@click.option("--epochs", type=int, default=3, show_default=True)
+@click.option("--lr", type=float)
+@click.option("--batch-size", type=int, default=16, show_default=True)
+@click.option("--max-length", type=int, default=256, show_default=True)
+@click.option("--patience", type=int, default=2, show_default=True, help="Epochs without dev improvement before stopping.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--quiet", is_flag=True)
+@_friendly
+def finetune(encoder, train_path, eval_path, out, text_field, label_field, tuning, epochs, lr, batch_size, max_length, patience, seed, quiet):
+    """Fine-tune ENCODER into a sequence classifier that plain transformers loads (pipeline, AutoModel...)."""
+    from adapt.finetune import finetune as run
+
+    metrics = run(encoder, train_path, out, eval_path=eval_path, text_field=text_field, label_field=label_field,
+                  tuning=tuning, epochs=epochs, lr=lr, batch_size=batch_size, max_length=max_length,
+                  patience=patience, seed=seed, show_progress=not quiet)
+    click.echo(json.dumps(metrics, indent=2, default=str))
+
+
+@main.command()
+@click.argument("model_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("texts", nargs=-1)
+@click.option("-i", "--input", "input_path", type=click.Path(dir_okay=False), help=".txt, .jsonl, .csv or .parquet.")
+@click.option("-o", "--output", "output_path", type=click.Path(dir_okay=False), help="Write labels and probabilities as .jsonl.")
+@click.option("--field", default="text", show_default=True)
+@click.option("--batch-size", type=int, default=32, show_default=True)
+@_friendly
+def classify(model_dir, texts, input_path, output_path, field, batch_size):
+    """Label TEXT arguments or a file with a classifier made by `adapt finetune`."""
+    from adapt.finetune import classify as run
+
+    if not texts and input_path is None:
+        raise click.UsageError("give TEXT arguments or --input FILE")
+    rows = run(model_dir, input_path=input_path, texts=list(texts) or None, output_path=output_path, field=field,
+               batch_size=batch_size)
+    if not output_path:
+        for row in rows:
+            click.echo(json.dumps(row))
+
+
+@main.command()
+@click.argument("models", nargs=-1, required=True)
+@click.option("--suite", help="Task suite: quick (offline, real text) or mteb-lite (needs a network).")
+@click.option("--task", "tasks", multiple=True, help="A task name, or a task folder (BEIR retrieval, train/test jsonl, pairs.jsonl). Repeatable.")
+@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), default="bench-results", show_default=True)
+@click.option("--baselines", is_flag=True, help="Also score each converted model's source decoder: causal (mean, last token) and bidirectional untrained.")
+@click.option("--source", help="Source decoder for --baselines (default: read from MODEL/run/config.yaml).")
+@click.option("--batch-size", type=int, default=32, show_default=True)
+@click.option("--max-length", type=int, default=256, show_default=True)
+@click.option("--limit", type=int, help="At most this many examples per task (quick looks).")
+@click.option("--no-cache", is_flag=True, help="Re-encode even when cached embeddings exist.")
+@click.option("--quiet", is_flag=True)
+@_friendly
+def bench(models, suite, tasks, out_dir, baselines, source, batch_size, max_length, limit, no_cache, quiet):
+    """Benchmark MODELS (encoders, converted runs, raw decoders as PATH@pooling=last,bidirectional=false,
+    sentence-transformers models) on retrieval, classification and similarity, side by side."""
+    from adapt.bench.runner import run_bench
+
+    if suite is None and not tasks:
+        suite = "quick"
+    report = run_bench(list(models), suite=suite, tasks=list(tasks) or None, out_dir=out_dir, baselines=baselines,
+                       source=source, batch_size=batch_size, max_length=max_length, limit=limit,
+                       show_progress=not quiet, use_cache=not no_cache)
+    click.echo(report.markdown)
+
+
 if __name__ == "__main__":
     main()

@@ -38,7 +38,7 @@ from adapt.io_utils import atomic_write_json
 
 log = logging.getLogger(__name__)
 
-TEXT_EXTS = (".txt", ".text", ".md")
+TEXT_EXTS = (".txt", ".text", ".md", ".cor")  # .cor: plain-text corpora as gensim ships them
 JSONL_EXTS = (".jsonl", ".jsonlines", ".ndjson", ".json")
 PARQUET_EXTS = (".parquet",)
 _OPENERS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}

@@ -11,6 +11,7 @@ import hashlib
 import os
 import re
 import tempfile
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -88,7 +89,9 @@ def embed(encoder, texts: list[str], *, prompt: str | None, batch_size: int, cac
     order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
     prompts = getattr(encoder, "prompts", None) or {}
     kwargs = {"prompt_name": prompt} if prompt and prompt in prompts else {}
-    out = encoder.encode([texts[i] for i in order], batch_size=batch_size, show_progress=False, **kwargs)
+    with warnings.catch_warnings():  # texts beyond max_length are cut on purpose in a benchmark
+        warnings.filterwarnings("ignore", message=r".*were truncated")
+        out = encoder.encode([texts[i] for i in order], batch_size=batch_size, show_progress=False, **kwargs)
     out = np.asarray(out, dtype=np.float32)
     if out.ndim != 2 or out.shape[0] != len(texts):
         raise AdaptError(f"{model_name}: encode returned shape {out.shape} for {len(texts)} texts; expected (n, dim)")

@@ -149,7 +149,10 @@ def _load_retrieval(path: Path, name: str, description: str) -> RetrievalTask:
 
 
 def _read_qrels(file: Path, query_ids: set[str], doc_ids: set[str]) -> dict[str, dict[str, float]]:
-    lines = file.read_text(encoding="utf-8").splitlines()
+    try:
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise DataError(f"{file}: not UTF-8 text ({e})") from None
     header = lines[0].split("\t") if lines else []
     if [h.strip() for h in header] != ["query-id", "corpus-id", "score"]:
         raise DataError(f"{file} line 1: expected the header 'query-id<TAB>corpus-id<TAB>score', got {lines[:1]}")

@@ -102,13 +102,13 @@ def find_source(model: str | Path) -> str | None:
         raise ConfigError(f"{config}: cannot read model.source ({e})") from None
     if not source:
         return None
-    if gguf:
-        try:  # a GGUF inside a folder or an installed package: point at the file itself
+    if gguf or str(source).startswith("py:"):
+        try:  # an installed package or a GGUF inside a folder: point at the folder or the file itself
             from adapt.loading import resolve_source
 
             resolved = resolve_source(str(source), gguf)
             if resolved.is_local:
-                return str(Path(resolved.path) / gguf)
+                return str(Path(resolved.path) / resolved.gguf_file) if resolved.gguf_file else resolved.path
         except Exception:  # noqa: BLE001 - fall back to the source as written
             pass
     return str(source)

@@ -11,6 +11,7 @@ task is asked for.
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -41,10 +42,10 @@ EmbedFn = Callable[[list[str], str | None], np.ndarray]
 def get_task(name: str):
     """The mteb task object called ``name`` (an mteb registry name or one of its offline mock tasks)."""
     if name.startswith("Mock"):
-        import mteb.mocks
+        from mteb import mocks
         from mteb.mocks import mock_tasks
 
-        cls = getattr(mteb.mocks, name, None) or getattr(mock_tasks, name, None)
+        cls = getattr(mocks, name, None) or getattr(mock_tasks, name, None)
         if cls is None:
             raise DataError(f"mteb has no mock task {name!r}")
         return cls()
@@ -64,9 +65,10 @@ def task_kind(task) -> str:
 class MtebEncoderAdapter(AbsEncoder):
     """An mteb encoder whose ``encode`` collects the texts of mteb's DataLoader and calls ``embed_fn``."""
 
-    def __init__(self, embed_fn: EmbedFn, name: str, revision: str = "local"):
+    def __init__(self, embed_fn: EmbedFn, name: str, revision: str = "local", prompts: dict | None = None):
         self.embed_fn = embed_fn
         self.texts_seen = 0
+        self.model_prompts = dict(prompts) if prompts else None
         self.mteb_model_meta = ModelMeta.create_empty({
             "name": f"adapt-bench/{name}", "revision": revision,
             "similarity_fn_name": ScoringFunction.COSINE, "modalities": ["text"]})
@@ -74,7 +76,8 @@ class MtebEncoderAdapter(AbsEncoder):
     def encode(self, inputs, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs) -> np.ndarray:
         texts = [text for batch in inputs for text in batch["text"]]
         self.texts_seen += len(texts)
-        prompt = getattr(prompt_type, "value", prompt_type)  # PromptType.query -> "query"
+        # mteb's own choice among the encoder's prompts (task name, task type, then query/document)
+        prompt = self.get_prompt_name(task_metadata, prompt_type) if self.model_prompts else None
         return self.embed_fn(texts, prompt)
 
 
@@ -90,14 +93,19 @@ def _is_offline_error(exc: BaseException) -> bool:
     return False
 
 
-def evaluate(task, embed_fn: EmbedFn, *, model_name: str, revision: str = "local",
-             batch_size: int = 32) -> tuple[dict[str, float], str, int | None]:
-    """Run mteb's evaluation of ``task``: (our metric name -> value, main metric name, n)."""
-    adapter = MtebEncoderAdapter(embed_fn, model_name, revision)
+def evaluate(task, embed_fn: EmbedFn, *, model_name: str, revision: str = "local", batch_size: int = 32,
+             prompts: dict | None = None) -> tuple[dict[str, float], str, int | None]:
+    """Run mteb's evaluation of ``task``: (our metric name -> value, main metric name, n).
+
+    ``embed_fn(texts, prompt_name)`` embeds; ``prompts`` are the encoder's named prompts, if any.
+    """
+    adapter = MtebEncoderAdapter(embed_fn, model_name, revision, prompts)
     name = task.metadata.name
     try:
-        result = mteb.evaluate(adapter, tasks=[task], cache=None, show_progress_bar=False,
-                               encode_kwargs={"batch_size": batch_size, "show_progress_bar": False})
+        with warnings.catch_warnings():  # tiny or skewed splits make sklearn warn about ill-defined F1
+            warnings.filterwarnings("ignore", message=".*ill-defined.*")
+            result = mteb.evaluate(adapter, tasks=[task], cache=None, show_progress_bar=False,
+                                   encode_kwargs={"batch_size": batch_size, "show_progress_bar": False})
     except Exception as e:
         if _is_offline_error(e):
             raise DataError(f"MTEB task {name} needs its data from the Hugging Face Hub, which could not be reached "

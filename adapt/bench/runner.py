@@ -148,25 +148,31 @@ def run_bench(models: list, *, suite: str | None = "quick", tasks: list | None =
     loader = loader or default_loader
     env = versions()
     rows: list[dict] = []
-    bar = tqdm(total=len(entries) * len(resolved), disable=not show_progress, desc="bench", unit="task")
-    for (spec, encoder), name in zip(entries, display):
-        bar.set_postfix_str(f"loading {name}")
-        encoder = encoder if encoder is not None else loader(spec, max_length)
-        key = encoder_key(encoder, spec, max_length)
-        for task in resolved:
-            bar.set_postfix_str(f"{name}: {task.name}")
-            start = time.perf_counter()
-            scores, main, n, kind = _score(task, encoder, cache, key, name, batch_size)
-            seconds = round(time.perf_counter() - start, 3)
-            for metric, value in scores.items():
-                rows.append({"model": name, "task": task.name, "kind": kind, "metric": metric, "value": value,
-                             "main": metric == main, "n": n, "seconds": seconds,
-                             "spec": spec.canonical() if spec else None, "versions": env})
-            bar.update(1)
-        del encoder
-        gc.collect()
-    bar.close()
     title = f"adapt bench: {suite}" if not tasks and suite else "adapt bench"
+    bar = tqdm(total=len(entries) * len(resolved), disable=not show_progress, desc="bench", unit="task")
+    try:
+        for (spec, encoder), name in zip(entries, display):
+            bar.set_postfix_str(f"loading {name}")
+            encoder = encoder if encoder is not None else loader(spec, max_length)
+            key = encoder_key(encoder, spec, max_length)
+            for task in resolved:
+                bar.set_postfix_str(f"{name}: {task.name}")
+                start = time.perf_counter()
+                scores, main, n, kind = _score(task, encoder, cache, key, name, batch_size)
+                seconds = round(time.perf_counter() - start, 3)
+                for metric, value in scores.items():
+                    rows.append({"model": name, "task": task.name, "kind": kind, "metric": metric, "value": value,
+                                 "main": metric == main, "n": n, "seconds": seconds,
+                                 "spec": spec.canonical() if spec else None, "versions": env})
+                bar.update(1)
+            del encoder
+            gc.collect()
+    except BaseException:
+        if rows:  # keep what was scored before the failure (or Ctrl-C); embeddings are cached too
+            write_reports(rows, out_dir, title + " (incomplete)")
+        raise
+    finally:
+        bar.close()
     report = write_reports(rows, out_dir, title)
     report.cache_hits, report.cache_misses = cache.hits, cache.misses
     return report
@@ -181,7 +187,8 @@ def _score(task, encoder: EncoderLike, cache: EmbeddingCache, key: str, name: st
             return embed(encoder, texts, prompt=prompt, batch_size=batch_size, cache=cache, model_key=key,
                          model_name=name)
 
-        scores, main, n = mteb_tasks.evaluate(task.task, embed_fn, model_name=name, batch_size=batch_size)
+        scores, main, n = mteb_tasks.evaluate(task.task, embed_fn, model_name=name, batch_size=batch_size,
+                                              prompts=getattr(encoder, "prompts", None))
         return scores, main, n, task.kind
     embeddings = {group: embed(encoder, g.texts, prompt=g.prompt, batch_size=batch_size, cache=cache,
                                model_key=key, model_name=name)

@@ -118,8 +118,11 @@ class ClassificationTask(Task):
         return len(self.test_texts)
 
     def limited(self, limit):
-        return dataclasses.replace(self, train_texts=self.train_texts[:limit], train_labels=self.train_labels[:limit],
-                                   test_texts=self.test_texts[:limit], test_labels=self.test_labels[:limit])
+        train, test = _balanced_head(self.train_labels, limit), _balanced_head(self.test_labels, limit)
+        return dataclasses.replace(self, train_texts=[self.train_texts[i] for i in train],
+                                   train_labels=[self.train_labels[i] for i in train],
+                                   test_texts=[self.test_texts[i] for i in test],
+                                   test_labels=[self.test_labels[i] for i in test])
 
 
 @dataclass
@@ -184,7 +187,19 @@ class ClusteringTask(Task):
         return len(self.texts)
 
     def limited(self, limit):
-        return dataclasses.replace(self, texts=self.texts[:limit], labels=self.labels[:limit])
+        keep = _balanced_head(self.labels, limit)
+        return dataclasses.replace(self, texts=[self.texts[i] for i in keep], labels=[self.labels[i] for i in keep])
+
+
+def _balanced_head(labels: list[str], limit: int) -> list[int]:
+    """Up to ``limit`` indices taken round-robin over the labels (so every label stays), in order."""
+    queues = {label: [i for i, x in enumerate(labels) if x == label] for label in dict.fromkeys(labels)}
+    keep: list[int] = []
+    while len(keep) < min(limit, len(labels)):
+        for queue in queues.values():
+            if queue and len(keep) < limit:
+                keep.append(queue.pop(0))
+    return sorted(keep)
 
 
 TASK_CLASSES: dict[str, type[Task]] = {

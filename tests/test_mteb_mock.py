@@ -1,0 +1,52 @@
+"""An exported encoder runs through ``mteb.evaluate`` (offline mock retrieval, classification and STS
+tasks) via :class:`adapt.encoder.MTEBAdapter`, with the query prompt applied to retrieval queries."""
+import numpy as np
+import pytest
+
+from adapt.bidirectional import make_bidirectional
+from adapt.encoder import MTEBAdapter, load_encoder
+from adapt.export import export_encoder
+from tests.tiny import tiny_decoder
+
+mteb = pytest.importorskip("mteb")
+from mteb.mocks.mock_tasks import MockClassificationTask, MockRetrievalTask, MockSTSTask  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory):
+    from tests.tiny import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    out = export_encoder(make_bidirectional(tiny_decoder("llama", vocab_size=len(tok))), tok,
+                         tmp_path_factory.mktemp("enc") / "enc", prompts={"query": "query: ", "document": ""})
+    return load_encoder(out)
+
+
+def test_mock_tasks_run(encoder):
+    adapter = MTEBAdapter(encoder)
+    calls = []
+    real_encode = encoder.encode
+
+    def spy(texts, **kwargs):
+        calls.append((len(texts), kwargs.get("prompt")))
+        return real_encode(texts, **kwargs)
+
+    encoder.encode = spy
+    try:
+        result = mteb.evaluate(adapter, [MockRetrievalTask(), MockClassificationTask(), MockSTSTask()], cache=None,
+                               show_progress_bar=False)
+    finally:
+        del encoder.encode
+    scores = {r.task_name: r.get_score() for r in result.task_results}
+    assert set(scores) == {"MockRetrievalTask", "MockClassificationTask", "MockSTSTask"}
+    assert all(np.isfinite(s) for s in scores.values()), scores
+    assert "query: " in {prompt for _, prompt in calls}  # retrieval queries got the query prompt
+    assert result.model_name == f"adapt/{encoder.name}" and result.model_revision == encoder.fingerprint
+
+
+def test_similarity_is_cosine(encoder):
+    adapter = MTEBAdapter(encoder)
+    a = encoder.encode(["one text", "another"])
+    sim = np.asarray(adapter.similarity(a, a))
+    assert np.allclose(np.diag(sim), 1, atol=1e-5) and sim.shape == (2, 2)
+    assert np.allclose(np.asarray(adapter.similarity_pairwise(a, a[::-1])), sim[0, 1], atol=1e-5)
