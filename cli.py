@@ -77,7 +77,10 @@ def convert(model, out, preset, data, objective, tuning, max_steps, resume, over
 @main.command()
 @click.argument("name", required=False)
 def presets(name):
-    """List the presets, or print preset NAME."""
+    """List the presets, or print preset NAME.
+
+    Presets are YAML recipes under presets/ with the sections model, data, objective, tuning, train
+    and export; use one with `adapt convert --preset NAME` and override any value with --set."""
     from adapt.config import RunConfig, list_presets, load_preset
 
     found = list_presets()

@@ -1,7 +1,8 @@
 """Run configuration: dataclasses that explain themselves, YAML presets in, resolved YAML out.
 
-A run is ``RunConfig(model, data, objective, tuning, train, export)``. Presets under ``presets/``
-are partial dicts of the same shape; ``--set section.key=value`` overrides any field. Every value is
+A run is ``RunConfig(model, data, objective, tuning, train, export, contrastive)``, plus an optional
+``stages`` list that chains runs (``adapt.stages``). Presets under ``presets/`` are partial dicts of
+the same shape; ``--set section.key=value`` overrides any field. Every value is
 checked in ``__post_init__`` so a bad preset fails before any model is loaded.
 """
 from __future__ import annotations
@@ -148,8 +149,67 @@ class ExportConfig:
         _check(self.dtype in (None, "float32", "bfloat16", "float16"), "export.dtype must be float32, bfloat16 or float16")
 
 
+CONTRASTIVE_LOSSES = ("simcse", "pairs")
+
+
+@dataclass
+class ContrastiveConfig:
+    """A contrastive stage (``adapt.contrastive``). Steps, batch size, lr, schedule, precision and
+    checkpoints come from the stage's ``train`` section; pooling from ``export.pooling``."""
+    loss: str = _help("simcse: two dropout views of each text of data.sources are positives, in-batch "
+                      "negatives | pairs: supervised {query, positive, negatives} lines of `pairs`", "simcse")
+    pairs: str | None = _help("pairs: a JSON-lines file of {query, positive, negatives?: [...]}", None)
+    temperature: float = _help("softmax temperature on cosine similarities (sentence-transformers' scale = "
+                               "1 / temperature; 0.05 is scale 20)", 0.05)
+    dropout: float | None = _help("dropout set on the decoder's attention/hidden dropouts for this stage (decoders "
+                                  "often ship 0; SimCSE needs some); null: 0.1 for simcse, as the model has for pairs",
+                                  None)
+    max_length: int = _help("tokens per text while training (prompt included)", 128)
+    mini_batch: int = _help("gradient caching: texts per forward chunk, so a batch larger than memory trains "
+                            "exactly as if embedded at once (0: no caching; with train.grad_accum > 1 it "
+                            "defaults to train.batch_size)", 0)
+    hard_negatives: int = _help("pairs: at most this many of a line's negatives go into each batch", 1)
+    query_prompt: str = _help("pairs: text put before each query (also exported as the prompt 'query')", "")
+    document_prompt: str = _help("pairs: text put before positives and negatives (exported as 'document')", "")
+    gather: bool = _help("with several processes, every process's documents are negatives for every query", True)
+    min_words: int = _help("simcse: sentences of fewer words are skipped", 4)
+    max_texts: int | None = _help("simcse: use at most this many sentences (pairs: lines) of the data", None)
+
+    def __post_init__(self):
+        _check(self.loss in CONTRASTIVE_LOSSES, f"contrastive.loss must be simcse or pairs, not {self.loss!r}")
+        _check(isinstance(self.temperature, (int, float)) and 0 < self.temperature <= 10,
+               f"contrastive.temperature must be in (0, 10], not {self.temperature!r}")
+        _check(self.dropout is None or 0 <= self.dropout < 1, "contrastive.dropout must be in [0, 1) or null")
+        _check(self.max_length >= 4, "contrastive.max_length must be at least 4")
+        _check(self.mini_batch >= 0, "contrastive.mini_batch must be 0 (off) or a positive number of texts")
+        _check(self.hard_negatives >= 0, "contrastive.hard_negatives must be 0 or more")
+        _check(self.min_words >= 1, "contrastive.min_words must be at least 1")
+        _check(self.max_texts is None or self.max_texts > 0, "contrastive.max_texts must be positive or null")
+        _check(isinstance(self.query_prompt, str) and isinstance(self.document_prompt, str),
+               "contrastive.query_prompt and document_prompt must be strings")
+
+
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "objective": ObjectiveConfig, "tuning": TuningConfig,
-            "train": TrainConfig, "export": ExportConfig}
+            "train": TrainConfig, "export": ExportConfig, "contrastive": ContrastiveConfig}
+
+# Kinds of stage a run can chain (``adapt.stages``): mlm runs the objective section as configured,
+# mntp forces objective.schedule=mntp, simcse and contrastive are contrastive.loss simcse and pairs.
+STAGE_KINDS = ("mlm", "mntp", "simcse", "contrastive")
+
+
+def check_stages(stages) -> list:
+    """A preset's ``stages``: a list of kinds, or of ``{kind: KIND, SECTION: {overrides}}`` mappings."""
+    _check(isinstance(stages, list), f"stages must be a list like [mntp, simcse], not {stages!r}")
+    for i, stage in enumerate(stages, 1):
+        kind = stage.get("kind") if isinstance(stage, dict) else stage
+        _check(kind in STAGE_KINDS, f"stage {i}: kind must be one of {', '.join(STAGE_KINDS)}, not {kind!r}")
+        if isinstance(stage, dict):
+            bad = set(stage) - {"kind"} - set(SECTIONS)
+            _check(not bad, f"stage {i} ({kind}): unknown key(s) {sorted(bad)}; a stage holds `kind` and "
+                            f"section overrides ({', '.join(SECTIONS)})")
+            for name in set(stage) - {"kind"}:
+                _check(isinstance(stage[name], dict), f"stage {i} ({kind}): {name} must be a mapping")
+    return stages
 
 
 @dataclass
@@ -160,12 +220,15 @@ class RunConfig:
     tuning: TuningConfig = field(default_factory=TuningConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
+    contrastive: ContrastiveConfig = field(default_factory=ContrastiveConfig)
     description: str = ""
+    stages: list = field(default_factory=list)  # see check_stages and adapt.stages
 
     @classmethod
     def from_dict(cls, raw: dict) -> "RunConfig":
         raw = dict(raw or {})
         description = raw.pop("description", "") or ""
+        stages = check_stages(raw.pop("stages", None) or [])
         unknown = set(raw) - set(SECTIONS)
         _check(not unknown, f"unknown config section(s) {sorted(unknown)}; known: {sorted(SECTIONS)}")
         parts = {}
@@ -179,12 +242,14 @@ class RunConfig:
                 parts[name] = klass(**values)
             except TypeError as e:
                 raise ConfigError(f"section {name!r}: {e}") from None
-        return cls(**parts, description=description)
+        return cls(**parts, description=description, stages=stages)
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
-        if not out["description"]:
-            out.pop("description")
+        for key, default in (("description", ""), ("stages", []),
+                             ("contrastive", dataclasses.asdict(ContrastiveConfig()))):
+            if out[key] == default:  # MLM-only runs keep the config.yaml they always had
+                out.pop(key)
         return out
 
     def to_yaml(self) -> str:

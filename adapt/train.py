@@ -52,8 +52,10 @@ def _mask_generator(seed: int, stream: int, index: int, rank: int = 0) -> torch.
 
 
 class Trainer:
-    def __init__(self, model, *, store, cfg: RunConfig, run_dir: Path, mask_token_id: int, special_ids,
-                 vocab_size: int, accelerator=None, show_progress: bool = True):
+    def __init__(self, model, *, store, cfg: RunConfig, run_dir: Path, mask_token_id: int | None, special_ids,
+                 vocab_size: int, accelerator=None, show_progress: bool = True, wrapper: torch.nn.Module | None = None):
+        """``wrapper``: the module to train instead of ``LabeledPositionsLM(model)``; a subclass that passes
+        one overrides :meth:`begin`, :meth:`train_step` and :meth:`evaluate` (``adapt.contrastive`` does)."""
         from accelerate import Accelerator
         from transformers import get_scheduler
 
@@ -81,7 +83,8 @@ class Trainer:
         # Stepped by hand once per optimizer step (not prepared: Accelerate would step it per process).
         self.scheduler = get_scheduler(name, optimizer, num_warmup_steps=int(self.tcfg.warmup_ratio * self.tcfg.max_steps),
                                        num_training_steps=self.tcfg.max_steps)
-        self.wrapper, self.optimizer = acc.prepare(LabeledPositionsLM(model), optimizer)
+        self.wrapper, self.optimizer = acc.prepare(wrapper if wrapper is not None else LabeledPositionsLM(model),
+                                                   optimizer)
         acc.register_for_checkpointing(self.scheduler)
         self.model = model
         self.step, self.tokens = 0, 0
@@ -162,10 +165,50 @@ class Trainer:
             append_jsonl(self.metrics_path, record)
         self.accelerator.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=record["step"])
 
+    def begin(self) -> None:
+        """Position the data at ``self.step`` (after a resume); called once before the first step."""
+        from adapt.data import batch_iterator
+
+        acc, t = self.accelerator, self.tcfg
+        self._micro = self.step * t.grad_accum
+        self._batches = batch_iterator(self.store.train, t.batch_size, seed=t.seed, start_step=self._micro,
+                                       rank=acc.process_index, world_size=acc.num_processes)
+        self._tokens_per_micro = t.batch_size * self.store.train.shape[1] * acc.num_processes
+
+    def check_finite(self, loss: torch.Tensor, what: str) -> None:
+        """Stop (on every process) with a TrainingError naming the last good checkpoint if a loss is NaN/inf."""
+        acc = self.accelerator
+        bad = acc.gather(torch.tensor([0.0 if torch.isfinite(loss) else 1.0], device=acc.device)).sum()
+        if bad > 0:
+            ckpts = checkpoint_dirs(self.run_dir)
+            keep = f"the last good checkpoint is {ckpts[-1]}" if ckpts else "no checkpoint was written yet"
+            raise TrainingError(
+                f"loss became {float(loss)} at step {self.step + 1} ({what}); training stopped, "
+                f"{keep}. Lower train.lr, or use train.mixed_precision=bf16 instead of fp16, then --resume.")
+
+    def train_step(self) -> tuple[str, list[float], int]:
+        """One optimizer step (without the scheduler): returns (objective, micro-batch losses, tokens seen)."""
+        acc, t = self.accelerator, self.tcfg
+        objective = self.schedule.objective_at(self.step, t.max_steps)
+        losses = []
+        for _ in range(t.grad_accum):
+            inputs, labels = self._batch(next(self._batches), objective,
+                                         _mask_generator(t.seed, 0, self._micro, acc.process_index))
+            with acc.accumulate(self.wrapper):
+                res = self.wrapper(input_ids=inputs, labels=labels, causal=objective == "clm")
+                loss = res["loss"]
+                self.check_finite(loss, objective)
+                acc.backward(loss)
+                if acc.sync_gradients and t.max_grad_norm > 0:
+                    acc.clip_grad_norm_(self.wrapper.parameters(), t.max_grad_norm)
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+            losses.append(float(loss.detach()))
+            self._micro += 1
+        return objective, losses, self._tokens_per_micro * t.grad_accum
+
     def fit(self, *, resume: bool = False) -> TrainResult:
         from tqdm.auto import tqdm
-
-        from adapt.data import batch_iterator
 
         acc, t = self.accelerator, self.tcfg
         if resume:
@@ -174,38 +217,17 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         if t.trackers:
             acc.init_trackers("adapt", config={"lr": t.lr, "max_steps": t.max_steps})
-        micro = self.step * t.grad_accum
-        batches = batch_iterator(self.store.train, t.batch_size, seed=t.seed, start_step=micro,
-                                 rank=acc.process_index, world_size=acc.num_processes)
-        tokens_per_micro = t.batch_size * self.store.train.shape[1] * acc.num_processes
+        self.begin()
         bar = tqdm(total=t.max_steps, initial=self.step, desc="train", disable=not (self.show_progress and acc.is_main_process),
                    dynamic_ncols=True)
         self.wrapper.train()
         start, window_t, window_tok, losses = time.perf_counter(), time.perf_counter(), 0, []
         try:
             while self.step < t.max_steps:
-                objective = self.schedule.objective_at(self.step, t.max_steps)
-                for _ in range(t.grad_accum):
-                    inputs, labels = self._batch(next(batches), objective, _mask_generator(t.seed, 0, micro, acc.process_index))
-                    with acc.accumulate(self.wrapper):
-                        res = self.wrapper(input_ids=inputs, labels=labels, causal=objective == "clm")
-                        loss = res["loss"]
-                        bad = acc.gather(torch.tensor([0.0 if torch.isfinite(loss) else 1.0], device=acc.device)).sum()
-                        if bad > 0:
-                            ckpts = checkpoint_dirs(self.run_dir)
-                            keep = f"the last good checkpoint is {ckpts[-1]}" if ckpts else "no checkpoint was written yet"
-                            raise TrainingError(
-                                f"loss became {float(loss)} at step {self.step + 1} ({objective}); training stopped, "
-                                f"{keep}. Lower train.lr, or use train.mixed_precision=bf16 instead of fp16, then --resume.")
-                        acc.backward(loss)
-                        if acc.sync_gradients and t.max_grad_norm > 0:
-                            acc.clip_grad_norm_(self.wrapper.parameters(), t.max_grad_norm)
-                        self.optimizer.step()
-                        self.optimizer.zero_grad(set_to_none=True)
-                    losses.append(float(loss.detach()))
-                    micro += 1
-                    self.tokens += tokens_per_micro
-                    window_tok += tokens_per_micro
+                objective, step_losses, step_tokens = self.train_step()
+                losses += step_losses
+                self.tokens += step_tokens
+                window_tok += step_tokens
                 self.scheduler.step()
                 self.step += 1
                 bar.update(1)

@@ -16,8 +16,16 @@ from tests.test_bench_folders import make_classification, make_retrieval, make_s
 ROW_KEYS = {"model", "task", "kind", "metric", "value", "n", "seconds", "versions", "main"}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def task_cache(tmp_path_factory):
+    """Parsed quick-suite tasks are cached in a temporary ADAPT_CACHE, not the user's ~/.cache."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ADAPT_CACHE", str(tmp_path_factory.mktemp("adapt-cache")))
+        yield
+
+
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory):
+def quick_run(tmp_path_factory, task_cache):
     """The whole quick suite with two fake encoders (seconds: the fakes are cheap)."""
     pytest.importorskip("gensim")
     out = tmp_path_factory.mktemp("quick")

