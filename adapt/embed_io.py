@@ -150,7 +150,10 @@ def read_texts(input_path=None, texts: Iterable[str] | None = None, *, field: st
     n = None
     if suffix == ".parquet":
         import pyarrow.parquet as pq
-        n = pq.ParquetFile(path).metadata.num_rows
+        try:
+            n = pq.ParquetFile(path).metadata.num_rows
+        except Exception:  # noqa: BLE001 - a bad file is reported, with its name, when it is read
+            n = None
     return _field_texts(records, field), n
 
 

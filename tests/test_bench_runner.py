@@ -9,6 +9,7 @@ import pytest
 from adapt.bench import ModelSpec, SimilarityTask, list_suites, run_bench
 from adapt.bench.models import baseline_specs, find_source
 from adapt.bench.report import read_results
+from adapt.bench.runner import expand_models
 from adapt.errors import AdaptError, ConfigError, DataError
 from tests.test_bench_fakes import HashEncoder, PromptedHashEncoder
 from tests.test_bench_folders import make_classification, make_retrieval, make_similarity
@@ -200,6 +201,11 @@ def test_baselines_need_a_source(tmp_path):
     with pytest.raises(ConfigError, match="run/config.yaml"):
         baseline_specs(ModelSpec(str(tmp_path)))
     assert baseline_specs(ModelSpec(str(tmp_path)), source="org/dec")[2].bidirectional is True
+    # a loaded encoder gets baselines from an explicit source, once even when listed twice
+    entries = expand_models([HashEncoder(), "m", "m"], baselines=True, source="org/dec")
+    assert [s.canonical() if s else None for s, _ in entries] == [
+        None, "org/dec@bidirectional=false,pooling=mean", "org/dec@bidirectional=false,pooling=last",
+        "org/dec@bidirectional=true,pooling=mean", "m"]
 
 
 def test_list_suites():

@@ -70,7 +70,8 @@ class ModelSpec:
 
     def canonical(self) -> str:
         """A stable text form: ``source@k=v,...`` with sorted options (part of the cache key)."""
-        opts = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in sorted(self.options().items()))
+        items = sorted(self.options().items())
+        opts = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in items)
         return f"{self.source}@{opts}" if opts else self.source
 
     @property

@@ -225,9 +225,11 @@ def wiki_retrieval() -> RetrievalTask:
     query_ids, queries, corpus_ids, corpus, qrels = [], [], [], [], {}
     with bz2.open(_datapath(WIKI_FILE)) as f:
         for title, text, page_id in extract_pages(f):
-            if text.lstrip().lower().startswith("#redirect") or "(disambiguation)" in title or title.startswith("List of"):
+            redirect = text.lstrip().lower().startswith("#redirect")
+            if redirect or "(disambiguation)" in title or title.startswith("List of"):
                 continue
             paragraphs = _prose_paragraphs(text)
+            # the lead: the first prose paragraph that defines the subject ("X is ...")
             lead = next((i for i, p in enumerate(paragraphs) if " is " in p or " was " in p or " are " in p), None)
             if lead is None:
                 continue
@@ -268,5 +270,8 @@ def load_quick_task(name: str, *, use_cache: bool = True) -> Task:
             pass  # a damaged cache file is rebuilt below
     task = BUILDERS[name]()
     if use_cache:
-        atomic_write_text(path, json.dumps(task.to_dict()))
+        try:
+            atomic_write_text(path, json.dumps(task.to_dict()))
+        except OSError:
+            pass  # a read-only home: the task is simply parsed again next time
     return task

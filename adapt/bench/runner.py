@@ -99,10 +99,12 @@ def expand_models(models: list, baselines: bool, source: str | None) -> list[tup
     seen: set[str] = set()
     for model in models:
         if isinstance(model, EncoderLike) and not isinstance(model, (str, ModelSpec)):
-            out.append((None, model))
-            continue
-        spec = as_spec(model)
-        for s in [spec] + (baseline_specs(spec, source) if baselines else []):
+            out.append((None, model))  # a loaded encoder: its baselines only when `source` names them
+            specs = baseline_specs(ModelSpec(source), source) if baselines and source else []
+        else:
+            spec = as_spec(model)
+            specs = [spec] + (baseline_specs(spec, source) if baselines else [])
+        for s in specs:
             if s.canonical() not in seen:
                 seen.add(s.canonical())
                 out.append((s, None))
@@ -130,7 +132,8 @@ def run_bench(models: list, *, suite: str | None = "quick", tasks: list | None =
     objects, or already-loaded encoders. ``baselines``: also score the source decoder of each
     converted model (``source`` overrides the one read from ``MODEL/run/config.yaml``).
     ``tasks``, when given, replaces the suite: quick task names, task folders or MTEB task names.
-    ``max_length`` caps tokens per text; ``limit`` caps examples per split (smoke runs).
+    ``max_length`` caps tokens per text; ``limit`` caps examples per split of built-in and folder
+    tasks (smoke runs; MTEB tasks always run whole).
     Embeddings are cached under ``out_dir/cache`` unless ``use_cache`` is False.
     """
     from tqdm.auto import tqdm

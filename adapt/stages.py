@@ -1,0 +1,305 @@
+"""Chained stages: MLM/MNTP continued pretraining, then contrastive training (LLM2Vec's recipe).
+
+    adapt convert MODEL -o OUT --stages mlm,simcse --data corpus.txt
+    adapt convert MODEL -o OUT --stages mntp,contrastive --data corpus.txt --pairs pairs.jsonl
+    adapt convert MODEL -o OUT --preset llm2vec            # the preset names its stages
+
+Kinds: ``mlm`` (the objective section as configured), ``mntp`` (objective.schedule forced to mntp),
+``simcse`` and ``contrastive`` (``adapt.contrastive`` with loss simcse / pairs). Each stage starts
+from the merged encoder the one before exported, with its own settings: a preset's
+``stages: [mntp, {kind: simcse, train: {...}, contrastive: {...}}]`` overrides sections per stage,
+and ``--set KIND.section.key=value`` (or ``--set 2.section.key=value``) overrides one stage, while
+``--set section.key=value`` applies to every stage. Layout::
+
+    OUT/                        the final encoder: a sentence-transformers + transformers folder
+    OUT/run/config.yaml         a preset that reruns the whole chain (stage 1 + each stage's changes)
+    OUT/run/stages/K-KIND.yaml  each stage's resolved configuration;  OUT/run/summary.json
+    OUT/stages/1-mlm/           stage 1: a normal `adapt convert` OUT (encoder + run/)
+    OUT/stages/2-simcse/        stage 2, trained from OUT/stages/1-mlm
+
+``--resume`` skips finished stages (their ``run/summary.json`` is written last) and resumes the
+unfinished one from its last checkpoint. The final encoder's weights are stored twice (in the last
+stage's folder and at OUT's root).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from adapt.config import SECTIONS, STAGE_KINDS, RunConfig, apply_overrides, check_stages, load_preset
+from adapt.errors import ConfigError, OutputExistsError
+from adapt.io_utils import atomic_write_json, atomic_write_text
+
+log = logging.getLogger(__name__)
+
+RUN, STAGES = "run", "stages"
+MASKED_KINDS = ("mlm", "mntp")
+
+
+@dataclass
+class Stage:
+    index: int  # 1-based
+    kind: str
+    config: RunConfig
+    dir: Path
+
+    @property
+    def name(self) -> str:
+        return f"{self.index}-{self.kind}"
+
+    @property
+    def finished(self) -> bool:
+        return (self.dir / RUN / "summary.json").is_file() and (self.dir / "modules.json").is_file()
+
+
+@dataclass
+class StagesResult:
+    out: Path
+    stages: list[Stage]
+    summary: dict = field(default_factory=dict)
+
+
+def parse_stages(stages) -> list[str]:
+    """``"mlm,simcse"`` or ``["mlm", "simcse"]`` -> checked kinds."""
+    kinds = [s.strip() for s in stages.split(",")] if isinstance(stages, str) else list(stages or [])
+    kinds = [k for k in kinds if k]
+    for k in kinds:
+        if k not in STAGE_KINDS:
+            raise ConfigError(f"unknown stage {k!r}: stages are {', '.join(STAGE_KINDS)} (e.g. --stages mlm,simcse)")
+    return kinds
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        out[key] = {**(out.get(key) or {}), **value} if isinstance(value, dict) else copy.deepcopy(value)
+    return out
+
+
+def _split_overrides(overrides, kinds: list[str]) -> tuple[list[str], dict[int, list[str]]]:
+    """``section.key=v`` applies to all stages; ``KIND.section.key=v`` / ``N.section.key=v`` to some."""
+    common, per_stage = [], {i: [] for i in range(1, len(kinds) + 1)}
+    for item in overrides:
+        parts = item.partition("=")[0].split(".")
+        if len(parts) < 3 or parts[1] not in SECTIONS:
+            common.append(item)
+            continue
+        selector, rest = parts[0], item.split(".", 1)[1]
+        targets = ([int(selector)] if selector.isdigit() and 1 <= int(selector) <= len(kinds)
+                   else [i for i, k in enumerate(kinds, 1) if k == selector])
+        if not targets:
+            raise ConfigError(f"--set {item!r}: {selector!r} names no stage of {','.join(kinds)} "
+                              f"(use a stage kind or its number 1..{len(kinds)})")
+        for i in targets:
+            per_stage[i].append(rest)
+    return common, per_stage
+
+
+def plan_stages(source, out, *, stages=None, pairs=None, preset=None, overrides=(), data=None, objective=None,
+                tuning=None, max_steps=None) -> list[Stage]:
+    """Resolve and validate every stage's RunConfig before anything runs."""
+    out = Path(out).expanduser().resolve()
+    raw = load_preset(preset) if preset else {}
+    preset_stages = check_stages(raw.pop("stages", None) or [])
+    kinds = parse_stages(stages) if stages else [s["kind"] if isinstance(s, dict) else s for s in preset_stages]
+    if not kinds:
+        raise ConfigError("no stages: pass --stages mlm,simcse (kinds: " + ", ".join(STAGE_KINDS) +
+                          ") or a preset with a `stages` list")
+    if pairs and "contrastive" not in kinds:
+        raise ConfigError("--pairs is used by a `contrastive` stage: add one, e.g. --stages mlm,contrastive")
+    unused = list(preset_stages)
+    common, per_stage = _split_overrides(list(overrides), kinds)
+    description = raw.pop("description", "") or ""
+    plan: list[Stage] = []
+    for i, kind in enumerate(kinds, 1):
+        entry = next((s for s in unused if (s["kind"] if isinstance(s, dict) else s) == kind), None)
+        if entry is not None:
+            unused.remove(entry)
+        own = {k: v for k, v in entry.items() if k != "kind"} if isinstance(entry, dict) else {}
+        stage_raw = _merge(raw, own)
+        explicit = {("model", "source"): source if i == 1 else None, ("data", "sources"): list(data) if data else None,
+                    ("tuning", "method"): tuning, ("train", "max_steps"): max_steps,
+                    ("objective", "schedule"): objective if kind in MASKED_KINDS else None,
+                    ("contrastive", "pairs"): str(pairs) if pairs and kind == "contrastive" else None}
+        for (section, name), value in explicit.items():
+            if value is not None:
+                stage_raw[section] = {**(stage_raw.get(section) or {}), name: value}
+        stage_raw = apply_overrides(stage_raw, common + per_stage[i])
+        forced = {"mntp": {"objective": {"schedule": "mntp"}}, "simcse": {"contrastive": {"loss": "simcse"}},
+                  "contrastive": {"contrastive": {"loss": "pairs"}}}.get(kind, {})
+        if i > 1:  # chained: start from the previous stage's merged encoder (a local safetensors folder)
+            forced = _merge(forced, {"model": {"source": str(plan[-1].dir), "gguf_file": None, "revision": None}})
+        stage_raw = _merge(stage_raw, forced)
+        stage_raw["description"] = f"{description.strip()} [stage {i}/{len(kinds)}: {kind}]".strip()
+        try:
+            cfg = RunConfig.from_dict(stage_raw)
+        except ConfigError as e:
+            raise ConfigError(f"stage {i} ({kind}): {e}") from None
+        if kind != "contrastive" and not cfg.data.sources:
+            raise ConfigError(f"stage {i} ({kind}) needs training text: pass --data PATH or name data.sources in the preset")
+        if kind == "contrastive" and not cfg.contrastive.pairs:
+            raise ConfigError(f"stage {i} (contrastive) needs pairs: pass --pairs FILE (JSON lines of "
+                              '{"query": ..., "positive": ..., "negatives": [...]})')
+        plan.append(Stage(i, kind, cfg, out / STAGES / f"{i}-{kind}"))
+    if not plan[0].config.model.source:
+        raise ConfigError("no model: pass MODEL (a folder, hub id, .gguf file or py:PACKAGE) or a preset naming model.source")
+    return plan
+
+
+def chain_preset(plan: list[Stage]) -> dict:
+    """A preset that reruns ``plan``: stage 1's settings plus, per stage, the sections that differ."""
+    base = plan[0].config.to_dict()
+    base.pop("description", None)
+    entries = []
+    for stage in plan:
+        mine = stage.config.to_dict()
+        diff = {}
+        for section in SECTIONS:
+            changed = {k: v for k, v in (mine.get(section) or {}).items()
+                       if (base.get(section) or {}).get(k, getattr(getattr(RunConfig(), section), k)) != v}
+            if section == "model" and stage.index > 1:
+                changed = {k: v for k, v in changed.items() if k not in ("source", "gguf_file", "revision")}
+            if changed:
+                diff[section] = changed
+        entries.append({"kind": stage.kind, **diff} if diff else stage.kind)
+    description = plan[0].config.description.rsplit(" [stage", 1)[0]
+    return {**({"description": description} if description else {}), **base, "stages": entries}
+
+
+def _comparable(cfg_dict: dict) -> dict:
+    d = copy.deepcopy(cfg_dict)
+    (d.get("train") or {}).pop("max_steps", None)
+    return d
+
+
+def _prepare_out(out: Path, plan: list[Stage], *, resume: bool, overwrite: bool) -> None:
+    saved = out / RUN / STAGES
+    if out.exists() and any(out.iterdir()):
+        if overwrite:
+            shutil.rmtree(out)
+        elif resume and saved.is_dir():
+            names = sorted(p.stem for p in saved.glob("*.yaml"))
+            if names != sorted(s.name for s in plan):
+                raise ConfigError(f"--resume: {out} holds stages {names}, not {[s.name for s in plan]}; resume with "
+                                  "the same --stages, or use --overwrite")
+            for stage in plan:
+                old = RunConfig.from_dict(yaml.safe_load((saved / f"{stage.name}.yaml").read_text())).to_dict()
+                a, b = _comparable(old), _comparable(stage.config.to_dict())
+                if a != b:
+                    keys = sorted(f"{s}.{k}" for s in set(a) | set(b) if isinstance(a.get(s, b.get(s)), dict)
+                                  for k in set(a.get(s) or {}) | set(b.get(s) or {})
+                                  if (a.get(s) or {}).get(k) != (b.get(s) or {}).get(k))
+                    raise ConfigError(f"--resume: stage {stage.name}'s settings differ from the run in {out} "
+                                      f"({', '.join(keys) or 'description'}); resume with the same command (only "
+                                      "train.max_steps of an unfinished stage may change), or use --overwrite")
+        elif resume:
+            raise OutputExistsError(f"{out} is not empty and holds no staged adapt run to resume; choose another -o")
+        else:
+            what = "another adapt run" if (out / RUN).exists() else "files"
+            raise OutputExistsError(f"{out} already holds {what}: pass --resume to continue it, --overwrite to "
+                                    "replace it, or choose another -o")
+    (out / RUN / STAGES).mkdir(parents=True, exist_ok=True)
+    for stage in plan:
+        atomic_write_text(out / RUN / STAGES / f"{stage.name}.yaml", stage.config.to_yaml())
+    atomic_write_text(out / RUN / "config.yaml", yaml.safe_dump(chain_preset(plan), sort_keys=False))
+
+
+def _validate_data(plan: list[Stage]) -> None:
+    """Read every pairs file once before stage 1, so a bad line fails now, not after hours of MLM."""
+    from adapt.contrastive import load_pairs
+
+    for stage in plan:
+        if stage.kind == "contrastive":
+            load_pairs(stage.config.contrastive.pairs, max_pairs=stage.config.contrastive.max_texts)
+
+
+def _reset_accelerate() -> None:
+    """Each stage builds its own Accelerator (precision, accumulation); the process group stays."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state()
+    GradientState._reset_state()
+
+
+def run_stages(source, out, *, stages=None, pairs=None, preset=None, overrides=(), data=None, objective=None,
+               tuning=None, max_steps=None, resume: bool = False, overwrite: bool = False,
+               show_progress: bool = True) -> StagesResult:
+    """Run the stages into ``out`` (see the module docstring); returns the plan and the chain summary.
+
+    ``stages``: "mlm,simcse", a list of kinds, or None for the preset's ``stages``. ``pairs``: the
+    JSON-lines file of a ``contrastive`` stage. ``data``, ``objective`` (masked stages), ``tuning``,
+    ``max_steps`` and ``overrides`` (``--set``) apply to every stage; see :func:`plan_stages`.
+    """
+    from accelerate import PartialState
+
+    from adapt.contrastive import train_contrastive
+    from adapt.convert import convert
+
+    t0 = time.perf_counter()
+    out = Path(out).expanduser().resolve()
+    plan = plan_stages(source, out, stages=stages, pairs=pairs, preset=preset, overrides=overrides, data=data,
+                       objective=objective, tuning=tuning, max_steps=max_steps)
+    state = PartialState()
+    if state.is_main_process:
+        _prepare_out(out, plan, resume=resume, overwrite=overwrite)
+        _validate_data(plan)
+    state.wait_for_everyone()
+    summaries = {}
+    for stage in plan:
+        if stage.finished:
+            log.info("stage %s is finished; skipped", stage.name)
+            summaries[stage.name] = json.loads((stage.dir / RUN / "summary.json").read_text())
+            continue
+        started = (stage.dir / RUN / "config.yaml").is_file()
+        if state.is_main_process and stage.dir.exists() and not started:
+            shutil.rmtree(stage.dir)  # a stage that died before writing anything of its own
+        state.wait_for_everyone()
+        if show_progress and state.is_main_process:
+            print(f"stage {stage.index}/{len(plan)}: {stage.kind} -> {stage.dir}", flush=True)
+        _reset_accelerate()
+        if stage.kind in MASKED_KINDS:
+            result = convert(None, stage.dir, preset=str(out / RUN / STAGES / f"{stage.name}.yaml"),
+                             resume=started, show_progress=show_progress)
+        else:
+            result = train_contrastive(stage.config, stage.dir, resume=started, show_progress=show_progress)
+        summaries[stage.name] = result.summary
+    summary = {}
+    if state.is_main_process:
+        summary = _publish(plan, out, summaries)
+        summary["wall_seconds"] = round(time.perf_counter() - t0, 1)
+        atomic_write_json(out / RUN / "summary.json", summary)
+    state.wait_for_everyone()
+    return StagesResult(out, plan, summary)
+
+
+def _publish(plan: list[Stage], out: Path, summaries: dict) -> dict:
+    """Export the last stage's encoder at ``out``'s root (reloaded as a user would, probed again)."""
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    from adapt.convert import _probe_saved
+    from adapt.export import MANIFEST, export_encoder, parse_dtype, preferred_attention
+
+    last = plan[-1].dir
+    manifest = json.loads((last / MANIFEST).read_text(encoding="utf-8"))
+    dtype = parse_dtype(manifest.get("dtype"))
+    attn = manifest.get("attn_implementation") or preferred_attention(AutoConfig.from_pretrained(str(last)))
+    model = AutoModel.from_pretrained(str(last), dtype=dtype, attn_implementation=attn)
+    tokenizer = AutoTokenizer.from_pretrained(str(last))
+    rows = [{"stage": s.name, "steps": summaries.get(s.name, {}).get("steps"),
+             **{k: round(v, 4) for k, v in (summaries.get(s.name, {}).get("final_eval") or {}).items()}}
+            for s in plan]
+    source = plan[0].config.model.source
+    card = {"source": source, "stages": ", ".join(s.name for s in plan), **{r["stage"]: r for r in rows},
+            "recipe": chain_preset(plan)}
+    export_encoder(model, tokenizer, out, pooling=manifest["pooling"], normalize=manifest["normalize"],
+                   max_seq_length=manifest["max_seq_length"], prompts=manifest.get("prompts") or None, dtype=dtype,
+                   card=card, source=source)
+    return {"source": source, "stages": [s.name for s in plan], "per_stage": summaries,
+            "final": str(plan[-1].dir), "probe_after": _probe_saved(out).to_dict()}

@@ -1,0 +1,88 @@
+"""Two-process check of adapt.contrastive, run by tests/test_contrastive.py (not collected by pytest):
+
+    OMP_NUM_THREADS=1 ACCELERATE_USE_CPU=true python -m torch.distributed.run --nproc_per_node 2 \
+        tests/ddp_contrastive_check.py RESULT_DIR
+
+1. ``all_gather_rows`` on rows of different counts per process: the gathered tensor, and the gradient
+   each process receives (the sum over processes of the loss gradients at its own rows).
+2. One real ``ContrastiveTrainer`` step (DDP over gloo, supervised pairs with a hard negative each,
+   documents gathered across processes, gradient caching in chunks of 3 texts): the DDP-averaged
+   parameter gradient equals the gradient of the plain full-batch loss computed in one process.
+Rank 0 writes RESULT_DIR/result.json; any failed check exits non-zero.
+"""
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from accelerate import Accelerator  # noqa: E402
+
+from adapt.config import RunConfig  # noqa: E402
+from adapt.contrastive import ContrastiveTrainer, Embedder, Pair, all_gather_rows, info_nce, tokenize  # noqa: E402
+from tests.tiny import tiny_decoder, tiny_tokenizer  # noqa: E402
+
+torch.set_num_threads(1)
+out = Path(sys.argv[1])
+acc = Accelerator(cpu=True)
+rank, world = acc.process_index, acc.num_processes
+assert world == 2, f"run with 2 processes, not {world}"
+result = {}
+
+# ---- 1. gather with gradient, rows of different counts per process -----------------------------
+rows = [3, 2]
+gen = torch.Generator().manual_seed(0)
+xs = [torch.randn(n, 4, generator=gen) for n in rows]  # every rank knows every rank's rows
+weights = [torch.randn(sum(rows), 4, generator=gen) for _ in range(world)]
+x = xs[rank].clone().requires_grad_()
+gathered, offset = all_gather_rows(x)
+assert offset == sum(rows[:rank]), offset
+assert torch.equal(gathered.detach(), torch.cat(xs)), "gathered rows differ"
+(gathered * weights[rank]).sum().backward()
+expected = sum(w[offset:offset + rows[rank]] for w in weights)
+torch.testing.assert_close(x.grad, expected)
+result["gather_ok"] = True
+
+# ---- 2. a DDP contrastive step equals the full-batch gradient -----------------------------------
+tok = tiny_tokenizer()
+topics = ["fox", "river", "engine", "violin", "garden", "planet", "market", "winter"]
+pairs = [Pair(f"what is the {t}?", f"the {t} is here, a {t} indeed", (f"nothing about {topics[i - 1]} here",))
+         for i, t in enumerate(topics)]
+cfg = RunConfig.from_dict({"contrastive": {"loss": "pairs", "mini_batch": 3, "hard_negatives": 1, "temperature": 0.1,
+                                           "query_prompt": "q: "},
+                           "train": {"batch_size": 4, "max_steps": 1, "lr": 1e-3, "max_grad_norm": 0.0,
+                                     "warmup_ratio": 0.0}, "export": {"pooling": "mean"}})
+model = tiny_decoder("llama", vocab_size=len(tok), seed=3)
+reference = tiny_decoder("llama", vocab_size=len(tok), seed=3)
+model.lm_head.requires_grad_(False)
+trainer = ContrastiveTrainer(model, cfg=cfg, run_dir=out / f"rank{rank}", tokenizer=tok, train=pairs, eval_set=[],
+                             accelerator=acc, show_progress=False)
+trainer.begin()
+captured = {}
+trainer.optimizer.step = lambda *a, **k: captured.update(
+    {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
+_, losses, _ = trainer.train_step()
+
+# the same global batch in one process, one graph, no gathering, no caching
+global_batch = [pairs[i] for i in trainer._batches._permutation(0)[:8]]
+embed = Embedder(reference, "mean").train()
+queries = embed(**tokenize(tok, ["q: " + p.query for p in global_batch], 128))
+docs = embed(**tokenize(tok, [p.positive for p in global_batch] + [p.negatives[0] for p in global_batch], 128))
+ref_loss, _ = info_nce(queries, docs, torch.arange(8), 0.1)
+ref_loss.backward()
+ref_grads = {n: p.grad for n, p in reference.named_parameters() if p.grad is not None}
+assert captured.keys() == ref_grads.keys(), (sorted(captured), sorted(ref_grads))
+diff = max(float((captured[n] - ref_grads[n]).abs().max()) for n in ref_grads)
+scale = max(float(g.abs().max()) for g in ref_grads.values())
+local = torch.tensor([losses[0]])
+mean_loss = float(acc.gather(local).mean())
+result.update(grad_max_abs_diff=diff, grad_max_abs=scale, loss=mean_loss, ref_loss=float(ref_loss))
+assert diff <= 1e-4 * scale + 1e-6, f"DDP gradient differs from the full-batch gradient by {diff} (scale {scale})"
+assert abs(mean_loss - float(ref_loss)) < 1e-4, (mean_loss, float(ref_loss))
+if rank == 0:
+    (out / "result.json").write_text(json.dumps(result))
+acc.wait_for_everyone()
+acc.end_training()
+torch.distributed.destroy_process_group()
