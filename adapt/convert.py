@@ -129,9 +129,9 @@ def convert(source: str | None, out: str | Path, *, preset: str | None = None, o
             shutil.rmtree(adapter_dir, ignore_errors=True)
             model.save_pretrained(str(adapter_dir), safe_serialization=True)
 
-        def load_base():
-            base, _ = load_decoder(cfg.model, None)
-            setup_mask_token(base, load_tokenizer_copy(cfg), cfg.model.mask_token)
+        def load_base():  # QLoRA merges into an unquantized copy of the base, mask row included
+            base, base_tokenizer = load_decoder(cfg.model, None)
+            setup_mask_token(base, base_tokenizer, cfg.model.mask_token)
             return base
 
         merged = merged_model(model, cfg.tuning, adapter_dir=adapter_dir, load_base=load_base)
@@ -156,12 +156,6 @@ def convert(source: str | None, out: str | Path, *, preset: str | None = None, o
         atomic_write_json(run_dir / "summary.json", summary)
     acc.wait_for_everyone()
     return ConvertResult(out, cfg, summary)
-
-
-def load_tokenizer_copy(cfg: RunConfig):
-    from adapt.loading import load_tokenizer
-
-    return load_tokenizer(cfg.model)
 
 
 def _probe_saved(out: Path):

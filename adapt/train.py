@@ -9,6 +9,7 @@ the uninterrupted run would have.
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import re
@@ -22,7 +23,7 @@ import torch
 
 from adapt.config import RunConfig
 from adapt.errors import TrainingError
-from adapt.io_utils import append_jsonl, atomic_write_json, read_jsonl
+from adapt.io_utils import append_jsonl, atomic_path, atomic_write_json, atomic_write_text, read_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -110,21 +111,17 @@ class Trainer:
         return final
 
     def resume(self) -> bool:
+        """Load the last complete checkpoint, if any; log lines written after it are dropped."""
         ckpts = checkpoint_dirs(self.run_dir)
         if not ckpts:
             return False
         last = ckpts[-1]
         self.accelerator.load_state(str(last))
-        import json
-
         state = json.loads((last / STATE_FILE).read_text())
         self.step, self.tokens, self.last_eval = state["step"], state["tokens"], state.get("last_eval", {})
-        if self.accelerator.is_main_process:  # drop log lines written after that checkpoint
+        if self.accelerator.is_main_process:
             kept = [r for r in read_jsonl(self.metrics_path) if r.get("step", 0) <= self.step]
-            from adapt.io_utils import atomic_write_text
-            import json as _json
-
-            atomic_write_text(self.metrics_path, "".join(_json.dumps(r) + "\n" for r in kept))
+            atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
         log.info("resumed from %s (step %d)", last, self.step)
         return True
 
@@ -292,8 +289,6 @@ def plot_metrics(metrics_path: Path, out_png: Path) -> Path | None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    from adapt.io_utils import atomic_path
-
     with atomic_path(out_png) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
     plt.close(fig)

@@ -162,7 +162,8 @@ def test_model_spec_parsing():
     assert spec.canonical() == "out/run@bidirectional=false,pooling=last" and spec.display == "My run"
     assert ModelSpec.parse("org/model").canonical() == "org/model"
     assert ModelSpec.parse("/data/x@y/model") == ModelSpec("/data/x@y/model")
-    assert ModelSpec.parse("m@pooling=mean").display == "m (pooling=mean)"
+    assert ModelSpec.parse("m@pooling=mean,bidirectional=false").display == "m (bidirectional=false, pooling=mean)"
+    assert ModelSpec.parse("/x/minilm/model/").display == "minilm/model"
     with pytest.raises(ConfigError, match="unknown option"):
         ModelSpec.parse("m@poling=mean")
     with pytest.raises(ConfigError, match="true or false"):
@@ -215,12 +216,20 @@ def test_list_suites():
     assert "SciFact" in suites["mteb-lite"] and len(suites["mteb-lite"]) == 6
 
 
-def test_real_tiny_decoder_through_adapt_encoder(tmp_path, tiny_model_dir):
+def test_real_tiny_decoder_with_baselines_through_adapt_encoder(tmp_path, tiny_model_dir):
     pytest.importorskip("adapt.encoder")
+    import shutil
+
+    converted = tmp_path / "converted"
+    shutil.copytree(tiny_model_dir, converted)  # stands in for a converted run: a loadable model + run/config.yaml
+    (converted / "run").mkdir()
+    (converted / "run" / "config.yaml").write_text(f"model:\n  source: {tiny_model_dir}\n")
     task = str(make_similarity(tmp_path / "s"))
-    report = run_bench([f"{tiny_model_dir}@pooling=mean,bidirectional=true", f"{tiny_model_dir}@pooling=last"],
-                       tasks=[task], out_dir=tmp_path / "o", show_progress=False, max_length=32)
-    assert len(report.rows) == 2 and all(np.isfinite(r["value"]) for r in report.rows)
+    report = run_bench([str(converted)], tasks=[task], out_dir=tmp_path / "o", baselines=True,
+                       show_progress=False, max_length=32)
+    assert len(report.rows) == 4 and all(np.isfinite(r["value"]) for r in report.rows)
+    cached = sorted(p.parent.name for p in (tmp_path / "o" / "cache").rglob("*.npy"))
+    assert len(set(cached)) == 4  # four distinct models: four cache folders
 
 
 @pytest.mark.slow

@@ -176,3 +176,20 @@ def test_convert_other_families(family, tmp_path, corpus, tokenizer):
     result = _run(src, tmp_path / "out", corpus, tuning="lora")
     assert result.summary["probe_after"]["bidirectional"]
     assert (tmp_path / "out/run/adapter/adapter_model.safetensors").exists()
+
+
+def test_qlora_conversion_merges_into_unquantized_base(corpus, tmp_path, tokenizer):
+    from tests.tiny import tiny_decoder
+
+    # bitsandbytes' CPU inference kernel needs in_features >= its 64-value block: hidden 64, not 32
+    src = tmp_path / "llama64"
+    tiny_decoder("llama", vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128).save_pretrained(src)
+    tokenizer.save_pretrained(src)
+    out = tmp_path / "q"
+    result = _run(src, out, corpus, tuning="qlora", overrides=["tuning.lora_r=4"])
+    config = json.loads((out / "config.json").read_text())
+    assert "quantization_config" not in config and config["is_causal"] is False
+    assert result.summary["probe_after"]["bidirectional"]
+    weights = _weights(out)
+    assert all(v.dtype in (torch.float32, torch.bfloat16) for v in weights.values())
+    assert (out / "run/adapter/adapter_model.safetensors").exists()

@@ -17,6 +17,7 @@ from adapt.errors import ConfigError
 
 OPTION_KEYS = ("pooling", "bidirectional", "normalize", "dtype", "label")
 _TRUE, _FALSE = {"true", "yes", "1", "on"}, {"false", "no", "0", "off"}
+_GENERIC_NAMES = {"model", "models", "encoder", "export", "final", "out", "output", "best", "latest"}
 
 
 @runtime_checkable
@@ -79,8 +80,11 @@ class ModelSpec:
         """The name shown in reports: the label, else the source's last path part with its options."""
         if self.label:
             return self.label
-        base = Path(self.source.rstrip("/")).name or self.source
-        opts = ", ".join(f"{k}={v}" for k, v in sorted(self.options().items()))
+        path = Path(self.source.rstrip("/"))
+        base = path.name or self.source
+        if base.lower() in _GENERIC_NAMES and path.parent.name:  # ".../minilm/model" -> "minilm/model"
+            base = f"{path.parent.name}/{base}"
+        opts = ", ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in sorted(self.options().items()))
         return f"{base} ({opts})" if opts else base
 
 
