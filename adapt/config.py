@@ -8,6 +8,7 @@ checked in ``__post_init__`` so a bad preset fails before any model is loaded.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -209,6 +210,10 @@ def check_stages(stages) -> list:
                             f"section overrides ({', '.join(SECTIONS)})")
             for name in set(stage) - {"kind"}:
                 _check(isinstance(stage[name], dict), f"stage {i} ({kind}): {name} must be a mapping")
+                known = {f.name for f in fields(SECTIONS[name])}
+                bad = set(stage[name]) - known
+                _check(not bad, f"stage {i} ({kind}): unknown key(s) {sorted(bad)} in section {name!r}; "
+                                f"known: {sorted(known)}")
     return stages
 
 
@@ -276,6 +281,9 @@ def load_preset(name_or_path: str) -> dict:
     return raw
 
 
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     """Apply ``section.key=value`` overrides (value parsed as YAML) to a raw config dict."""
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in (raw or {}).items()}
@@ -288,6 +296,8 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
             parsed = yaml.safe_load(value) if value != "" else ""
         except yaml.YAMLError:
             parsed = value
+        if isinstance(parsed, str) and _FLOAT.fullmatch(parsed):
+            parsed = float(parsed)  # YAML 1.1 reads 1e-4 (no dot) as a string
         raw.setdefault(section, {})
         raw[section] = dict(raw[section] or {})
         raw[section][name] = parsed

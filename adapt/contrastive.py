@@ -152,7 +152,8 @@ def load_pairs(path, *, max_pairs: int | None = None):
 
 def split_eval(n: int, fraction: float, cap: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Indices (train, eval) of ``n`` examples: ``fraction`` of them (at most ``cap``) held out at random."""
-    n_eval = min(int(round(fraction * n)), cap) if n >= 20 else 0
+    n_eval = min(int(round(fraction * n)), cap)
+    n_eval = n_eval if n_eval >= 2 else 0  # an evaluation needs in-batch negatives
     order = np.random.default_rng([seed, 7]).permutation(n)
     return np.sort(order[n_eval:]), np.sort(order[:n_eval])
 
@@ -227,6 +228,17 @@ def set_dropout(model, p: float) -> int:
     return n
 
 
+def keep_4bit_trainable(model) -> int:
+    """Stop bitsandbytes from repacking 4-bit weights for its CPU inference kernel: it does so on the first
+    eval-mode forward without grad (the bidirectionality probe, an evaluation), and that kernel has no
+    backward, so the gradient through every frozen 4-bit layer would then be silently lost."""
+    n = 0
+    for module in model.modules():
+        if getattr(module, "support_avx512bf16_for_cpu", False):
+            module.support_avx512bf16_for_cpu, n = False, n + 1
+    return n
+
+
 # ---------------------------------------------------------------------------------------- losses
 
 def info_nce(queries: torch.Tensor, docs: torch.Tensor, targets: torch.Tensor, temperature: float,
@@ -256,6 +268,30 @@ def _world():
     return None, 0, 1
 
 
+class _GatherRows(torch.autograd.Function):
+    """All-gather of rows whose backward sums the gradient over processes (an all-reduce, which every
+    backend has) and returns each process the part at its own rows."""
+
+    @staticmethod
+    def forward(ctx, x, sizes: list[int], rank: int):
+        import torch.distributed as dist
+
+        padded = F.pad(x, [0, 0] * (x.dim() - 1) + [0, max(sizes) - x.shape[0]]).contiguous()
+        parts = [torch.empty_like(padded) for _ in sizes]
+        dist.all_gather(parts, padded)
+        ctx.sizes, ctx.rank = sizes, rank
+        return torch.cat([part[:size] for part, size in zip(parts, sizes)])
+
+    @staticmethod
+    def backward(ctx, grad):
+        import torch.distributed as dist
+
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad)  # every process's loss may depend on these rows
+        start = sum(ctx.sizes[:ctx.rank])
+        return grad[start:start + ctx.sizes[ctx.rank]], None, None
+
+
 def all_gather_rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     """Concatenate every process's ``x`` (rows may differ in number) keeping the autograd graph: the
     gradient of a loss on the result flows back to each process's own rows (summed over processes).
@@ -267,15 +303,7 @@ def all_gather_rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     sizes = [torch.zeros_like(n) for _ in range(world)]
     dist.all_gather(sizes, n)
     sizes = [int(s) for s in sizes]
-    padded = F.pad(x, [0, 0] * (x.dim() - 1) + [0, max(sizes) - x.shape[0]])
-    if x.requires_grad:
-        from torch.distributed.nn.functional import all_gather
-
-        parts = all_gather(padded)
-    else:
-        parts = [torch.empty_like(padded) for _ in range(world)]
-        dist.all_gather(parts, padded.contiguous())
-    return torch.cat([part[:size] for part, size in zip(parts, sizes)]), sum(sizes[:rank])
+    return _GatherRows.apply(x, sizes, rank), sum(sizes[:rank])
 
 
 # ----------------------------------------------------------------------------- gradient caching
@@ -445,18 +473,25 @@ class ContrastiveTrainer(Trainer):
 
 # ----------------------------------------------------------------------------------------- stage
 
+@contextlib.contextmanager
 def _quiet_transformers():
+    """The previous stage's export has no LM head: transformers' "newly initialized lm_head" is expected."""
     from transformers.utils import logging as hf_logging
 
-    @contextlib.contextmanager
-    def quiet():
-        level = hf_logging.get_verbosity()
-        hf_logging.set_verbosity_error()  # the previous stage's export has no LM head: expected
-        try:
-            yield
-        finally:
-            hf_logging.set_verbosity(level)
-    return quiet()
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def data_fingerprint(examples) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    for example in examples:
+        digest.update(json.dumps(example if isinstance(example, str) else [example.query, example.positive,
+                                                                          list(example.negatives)]).encode())
+    return digest.hexdigest()
 
 
 def load_training_data(cfg: RunConfig) -> tuple[list, list, dict]:
@@ -493,7 +528,7 @@ def train_contrastive(cfg: RunConfig, out, *, resume: bool = False, overwrite: b
                       show_progress: bool = True, accelerator=None):
     """Run one contrastive stage into ``out`` (a normal ``adapt convert`` OUT: encoder + ``run/``)."""
     from accelerate import Accelerator
-    from accelerate.utils import set_seed
+    from accelerate.utils import DistributedType, set_seed
 
     from adapt.bidirectional import assert_bidirectional
     from adapt.convert import RUN, ConvertResult, _prepare_out, _probe_saved
@@ -510,17 +545,27 @@ def train_contrastive(cfg: RunConfig, out, *, resume: bool = False, overwrite: b
                           "loss scaling: use train.mixed_precision=bf16 or no")
     out = Path(out).expanduser().resolve()
     acc = accelerator or Accelerator(mixed_precision=cfg.train.mixed_precision, project_dir=str(out / RUN))
+    if acc.distributed_type == DistributedType.DEEPSPEED and (c.mini_batch or cfg.train.grad_accum > 1):
+        raise ConfigError("gradient caching backpropagates outside DeepSpeed's engine: use DDP or FSDP, or set "
+                          "contrastive.mini_batch=0 and train.grad_accum=1")
     train, held, counts = load_training_data(cfg)  # bad data fails before anything is written
     _check_batch(cfg, len(train), acc.num_processes)
+    run_dir = out / RUN
+    fingerprint = {"examples": counts["examples"], "train": data_fingerprint(train), "eval": data_fingerprint(held)}
     if acc.is_main_process:
         _prepare_out(out, cfg, resume=resume, overwrite=overwrite)
-        atomic_write_text(out / RUN / "config.yaml", cfg.to_yaml())
+        saved = run_dir / "data.json"
+        if resume and saved.is_file() and json.loads(saved.read_text()) != fingerprint:
+            raise DataError(f"--resume: the training data differ from the data {out} was trained on (its examples "
+                            "changed); resume with the same data, or use --overwrite")
+        atomic_write_text(run_dir / "config.yaml", cfg.to_yaml())
+        atomic_write_json(saved, fingerprint)
     acc.wait_for_everyone()
-    run_dir = out / RUN
 
     set_seed(cfg.train.seed)
     with _quiet_transformers():
         model, tokenizer = load_decoder(cfg.model, cfg.tuning)
+    keep_4bit_trainable(model)
     probe_before = assert_bidirectional(model, where="before contrastive training")
     dropout = c.dropout if c.dropout is not None else (0.1 if c.loss == "simcse" else None)
     n_dropouts = set_dropout(model, dropout) if dropout is not None else None
@@ -557,7 +602,7 @@ def train_contrastive(cfg: RunConfig, out, *, resume: bool = False, overwrite: b
             prompts.setdefault("document", c.document_prompt)
         plot = plot_metrics(result.metrics_path, run_dir / "loss.png")
         summary = {
-            "source": cfg.model.source, "model_type": merged.config.model_type, "stage": c.loss,
+            "source": cfg.model.source, "model_type": merged.config.model_type,
             "loss": c.loss, "temperature": c.temperature, "dropout": dropout, "pooling": cfg.export.pooling,
             "batch_per_process": trainer.batch, "mini_batch": trainer.mini_batch, "processes": acc.num_processes,
             "data": counts, "train_examples": len(train), "eval_examples": len(held), "tuning": cfg.tuning.method,

@@ -142,16 +142,23 @@ class Encoder:
         return pool(hidden, kwargs["attention_mask"], self.pooling, prompt_length)
 
     def encode(self, texts: Iterable[str] | str, *, batch_size: int = 32, prompt_name: str | None = None,
-               prompt: str | None = None, normalize: bool | None = None, show_progress: bool = False) -> np.ndarray:
-        """Encode ``texts`` into a float32 array of shape ``(len(texts), dim)``, in input order."""
+               prompt: str | None = None, normalize: bool | None = None, show_progress: bool = False,
+               max_batch_tokens: int | None = None) -> np.ndarray:
+        """Encode ``texts`` into a float32 array of shape ``(len(texts), dim)``, in input order.
+
+        A batch holds up to ``batch_size`` texts of similar length, and fewer when they are long: at most
+        ``max_batch_tokens`` padded tokens (default ``batch_size * 128``), so long texts are not padded
+        together with short ones and memory stays bounded.
+        """
         texts = [texts] if isinstance(texts, str) else list(texts)
         vectors, stats = self._encode(texts, batch_size, self.resolve_prompt(prompt_name, prompt), normalize,
-                                      show_progress)
+                                      show_progress, max_batch_tokens)
         stats.warn(self.max_length)
         self.last_stats = stats
         return vectors
 
-    def _encode(self, texts, batch_size, prompt, normalize, show_progress) -> tuple[np.ndarray, EncodeStats]:
+    def _encode(self, texts, batch_size, prompt, normalize, show_progress,
+                max_batch_tokens=None) -> tuple[np.ndarray, EncodeStats]:
         if batch_size < 1:
             raise ConfigError(f"batch_size must be at least 1, not {batch_size}")
         bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
@@ -161,12 +168,11 @@ class Encoder:
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))  # longest first: peak memory up front
         prompt_length = self._prompt_length(prompt) if prompt and not self.include_prompt else 0
-        starts = range(0, len(order), batch_size)
+        batches = _batches(order, [len(row) for row in ids], batch_size, max_batch_tokens or batch_size * 128)
         if show_progress:
             from tqdm.auto import tqdm
-            starts = tqdm(starts, desc="Encoding", unit="batch")
-        for start in starts:
-            rows = order[start:start + batch_size]
+            batches = tqdm(batches, desc="Encoding", unit="batch")
+        for rows in batches:
             vectors = self._forward([ids[i] for i in rows], prompt_length)
             if self.normalize if normalize is None else normalize:
                 vectors = torch.nn.functional.normalize(vectors, p=2, dim=-1)
@@ -175,7 +181,7 @@ class Encoder:
 
     def iter_encode(self, texts: Iterable[str], *, chunk_size: int = 10_000, batch_size: int = 32,
                     prompt_name: str | None = None, prompt: str | None = None, normalize: bool | None = None,
-                    show_progress: bool = False) -> Iterator[np.ndarray]:
+                    show_progress: bool = False, max_batch_tokens: int | None = None) -> Iterator[np.ndarray]:
         """Encode an iterable of any length chunk by chunk (sorted within a chunk), yielding arrays in
         input order; ``last_stats`` holds the totals (one warning at the end)."""
         prompt_text, total, chunk = self.resolve_prompt(prompt_name, prompt), EncodeStats(), []
@@ -183,12 +189,12 @@ class Encoder:
         for text in texts:
             chunk.append(text)
             if len(chunk) >= chunk_size:
-                vectors, stats = self._encode(chunk, batch_size, prompt_text, normalize, show_progress)
+                vectors, stats = self._encode(chunk, batch_size, prompt_text, normalize, show_progress, max_batch_tokens)
                 total.add(stats)
                 chunk = []
                 yield vectors
         if chunk:
-            vectors, stats = self._encode(chunk, batch_size, prompt_text, normalize, show_progress)
+            vectors, stats = self._encode(chunk, batch_size, prompt_text, normalize, show_progress, max_batch_tokens)
             total.add(stats)
             yield vectors
         total.warn(self.max_length)
@@ -198,6 +204,17 @@ class Encoder:
         for vectors in self.iter_encode(texts, **kwargs):
             writer.write(vectors)
         return self.last_stats
+
+
+def _batches(order: list[int], lengths: list[int], batch_size: int, max_tokens: int) -> list[list[int]]:
+    """Consecutive slices of the longest-first ``order``: ``batch_size`` texts at most, and at most
+    ``max_tokens`` padded tokens (the first text of a slice is its longest)."""
+    out, start = [], 0
+    while start < len(order):
+        size = max(1, min(batch_size, max_tokens // max(1, lengths[order[start]])))
+        out.append(order[start:start + size])
+        start += size
+    return out
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str, prompt_length: int = 0) -> torch.Tensor:
@@ -314,9 +331,12 @@ class MTEBAdapter:
                                    prompt=self.encoder.prompts.get(name, "") if name else "")
 
     def similarity(self, a, b):
-        a, b = (torch.nn.functional.normalize(torch.as_tensor(x, dtype=torch.float32), dim=-1) for x in (a, b))
-        return a @ b.T
+        return _unit(a) @ _unit(b).T
 
     def similarity_pairwise(self, a, b):
-        a, b = (torch.nn.functional.normalize(torch.as_tensor(x, dtype=torch.float32), dim=-1) for x in (a, b))
-        return (a * b).sum(-1)
+        return (_unit(a) * _unit(b)).sum(-1)
+
+
+def _unit(x) -> torch.Tensor:
+    x = x.float() if isinstance(x, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+    return torch.nn.functional.normalize(x, dim=-1)

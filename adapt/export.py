@@ -82,9 +82,9 @@ def prepare_tokenizer(tokenizer, folder: Path, max_seq_length: int | None):
 
 def _backbone(model):
     """The base transformers model (no LM head) of a causal LM, a base model or a peft wrapper."""
+    model = getattr(model, "module", model)  # DDP / FSDP
     if hasattr(model, "peft_config") and hasattr(model, "merge_and_unload"):
         model = model.merge_and_unload()  # LoRA weights folded in: the export needs no peft
-    model = getattr(model, "module", model)
     return getattr(model, "base_model", model)
 
 

@@ -76,6 +76,11 @@ def parse_stages(stages) -> list[str]:
     return kinds
 
 
+def uses_stages(*, stages=None, pairs=None, preset=None) -> bool:
+    """Whether ``adapt convert`` should run :func:`run_stages`: --stages or --pairs given, or a preset with stages."""
+    return bool(stages or pairs or (preset and load_preset(preset).get("stages")))
+
+
 def _merge(base: dict, extra: dict) -> dict:
     out = copy.deepcopy(base)
     for key, value in extra.items():
@@ -238,6 +243,7 @@ def run_stages(source, out, *, stages=None, pairs=None, preset=None, overrides=(
     ``max_steps`` and ``overrides`` (``--set``) apply to every stage; see :func:`plan_stages`.
     """
     from accelerate import PartialState
+    from accelerate.utils import parse_flag_from_env
 
     from adapt.contrastive import train_contrastive
     from adapt.convert import convert
@@ -246,10 +252,10 @@ def run_stages(source, out, *, stages=None, pairs=None, preset=None, overrides=(
     out = Path(out).expanduser().resolve()
     plan = plan_stages(source, out, stages=stages, pairs=pairs, preset=preset, overrides=overrides, data=data,
                        objective=objective, tuning=tuning, max_steps=max_steps)
-    state = PartialState()
+    _validate_data(plan)
+    state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))  # as Accelerator() reads it
     if state.is_main_process:
         _prepare_out(out, plan, resume=resume, overwrite=overwrite)
-        _validate_data(plan)
     state.wait_for_everyone()
     summaries = {}
     for stage in plan:

@@ -74,6 +74,7 @@ def test_order_batching_and_stream(exports):
         def write(self, vectors):
             chunks.append(vectors)
 
+    assert np.allclose(encoder.encode(texts, batch_size=8, max_batch_tokens=40), reference, atol=1e-5)
     stats = encoder.encode_stream(iter(texts), Writer(), chunk_size=5, batch_size=2)
     assert [len(c) for c in chunks] == [5] * 6 + [1] and stats.n == len(texts)
     assert np.allclose(np.concatenate(chunks), reference, atol=1e-5)
@@ -142,6 +143,15 @@ def test_sentence_transformers_bert_model():
         got = encoder.encode(texts)
     expected = SentenceTransformer(str(path), device="cpu").encode(texts)
     assert cosines(expected, got).min() > 0.9999
+
+
+def test_long_texts_get_smaller_batches():
+    from adapt.encoder import _batches
+
+    lengths = [100, 90, 12, 10, 10, 9, 8, 3]
+    batches = _batches(list(range(8)), lengths, batch_size=4, max_tokens=200)
+    assert batches == [[0, 1], [2, 3, 4, 5], [6, 7]]
+    assert _batches([0], [500], batch_size=4, max_tokens=200) == [[0]]  # one text always fits
 
 
 def test_pool_matches_definitions():

