@@ -128,7 +128,8 @@ def _field_texts(records: Iterator[tuple[str, dict]], field: str) -> Iterator[st
         yield record[field]
 
 
-def read_texts(input_path=None, texts: Iterable[str] | None = None, *, field: str = "text") -> tuple[Iterable[str], int | None]:
+def read_texts(input_path=None, texts: Iterable[str] | None = None, *,
+               field: str = "text") -> tuple[Iterable[str], int | None]:
     """The texts to embed and their count when known cheaply (None for streams)."""
     if texts is not None and input_path is not None:
         raise ConfigError("give texts or an input file, not both")

@@ -110,7 +110,8 @@ class Encoder:
         ids = self.tokenizer(full, max_length=self.max_length + 1, **call)["input_ids"] if full else []
         long = [i for i, row in enumerate(ids) if len(row) > self.max_length]
         if long:  # one token over the limit means the text was cut: redo those with the real limit
-            for i, row in zip(long, self.tokenizer([full[i] for i in long], max_length=self.max_length, **call)["input_ids"]):
+            redone = self.tokenizer([full[i] for i in long], max_length=self.max_length, **call)["input_ids"]
+            for i, row in zip(long, redone):
                 ids[i] = row
         stats = EncodeStats(n=len(texts), truncated=len(long), empty=sum(1 for t in texts if not t))
         for i, row in enumerate(ids):
@@ -186,15 +187,16 @@ class Encoder:
         input order; ``last_stats`` holds the totals (one warning at the end)."""
         prompt_text, total, chunk = self.resolve_prompt(prompt_name, prompt), EncodeStats(), []
         self.last_stats = total
+        options = (batch_size, prompt_text, normalize, show_progress, max_batch_tokens)
         for text in texts:
             chunk.append(text)
             if len(chunk) >= chunk_size:
-                vectors, stats = self._encode(chunk, batch_size, prompt_text, normalize, show_progress, max_batch_tokens)
+                vectors, stats = self._encode(chunk, *options)
                 total.add(stats)
                 chunk = []
                 yield vectors
         if chunk:
-            vectors, stats = self._encode(chunk, batch_size, prompt_text, normalize, show_progress, max_batch_tokens)
+            vectors, stats = self._encode(chunk, *options)
             total.add(stats)
             yield vectors
         total.warn(self.max_length)
@@ -248,36 +250,51 @@ def load_encoder(source, *, pooling: str | None = None, bidirectional: bool | No
     from transformers import AutoConfig, AutoModel, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
+    gguf_file = None
+    if isinstance(source, str) and source.startswith("py:") or str(source).lower().endswith(".gguf") or (
+            Path(source).is_dir() and not (Path(source) / "config.json").exists() and any(Path(source).glob("*.gguf"))):
+        from adapt.loading import resolve_source  # a GGUF file, or a package that ships one: dequantized on load
+
+        resolved = resolve_source(str(source))
+        source, gguf_file = resolved.path, resolved.gguf_file
     path = Path(source)
     if path.exists() and not path.is_dir():
-        raise ModelLoadError(f"{source} is a file, not a model folder (GGUF files load through `adapt convert`)")
-    st = read_st_settings(path) if path.is_dir() else None
+        raise ModelLoadError(f"{source} is a file, not a model folder or a .gguf file")
+    st = read_st_settings(path) if path.is_dir() and not gguf_file else None
     if st and st["unsupported"]:
         raise ModelLoadError(f"{source} uses sentence-transformers parts adapt's encoder does not implement "
                              f"({', '.join(st['unsupported'])}); load it with SentenceTransformer instead")
     model_dir = str(st["transformer_path"]) if st else str(source)
-    if path.is_dir() and not (Path(model_dir) / "config.json").is_file():
+    if path.is_dir() and not gguf_file and not (Path(model_dir) / "config.json").is_file():
         raise ModelLoadError(f"{model_dir} is not an encoder or decoder folder: it has no config.json")
     st = st or {"prompts": {}, "default_prompt_name": None, "include_prompt": True, "do_lower_case": False}
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch_dtype = parse_dtype(dtype) or (torch.float32 if device.type == "cpu" else
                                          torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
-    verbosity = hf_logging.get_verbosity()
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()  # a decoder's unused LM head is expected, not worth a report
+    hf_logging.disable_progress_bar()  # nor are per-tensor loading bars in `adapt embed` output
     try:
-        config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+        config = AutoConfig.from_pretrained(model_dir, gguf_file=gguf_file, trust_remote_code=trust_remote_code)
         if bidirectional is True:
             prepare_config(config)
         elif bidirectional is False:
             config.is_causal = True
         attn = st.get("attn_implementation") or preferred_attention(config)
         model = AutoModel.from_pretrained(model_dir, config=config, dtype=torch_dtype, attn_implementation=attn,
-                                          trust_remote_code=trust_remote_code)
-        tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+                                          gguf_file=gguf_file, trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, gguf_file=gguf_file, trust_remote_code=trust_remote_code)
+        if gguf_file:  # dequantized weights: drop the quantizer marker so the model behaves as a plain one
+            if hasattr(model.config, "quantization_config"):
+                del model.config.quantization_config
+            model.hf_quantizer = None
+            model.to(torch_dtype)
     except Exception as err:  # noqa: BLE001 - every failure here is "this is not a model we can load"
         raise ModelLoadError(f"cannot load an encoder from {source}: {type(err).__name__}: {err}") from err
     finally:
         hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
     if bidirectional is True:
         make_bidirectional(model)
     model.to(device)
@@ -303,9 +320,11 @@ def _fingerprint(source, model_dir: Path, **settings) -> str:
     """A stable id of what decides the vectors: the source, its weight files (name, size, mtime) and settings."""
     source = str(Path(source).resolve()) if isinstance(source, Path) else source
     weights = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in model_dir.glob("*")
-                     if p.suffix in (".safetensors", ".bin")) if model_dir.is_dir() else []
+                     if p.suffix in (".safetensors", ".bin", ".gguf")) if model_dir.is_dir() else []
     blob = json.dumps({"source": source, "weights": weights, **settings}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
 class MTEBAdapter:
     """An :class:`Encoder` as mteb 2.x's encoder protocol: ``mteb.evaluate(MTEBAdapter(enc), tasks)``.
 

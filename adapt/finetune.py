@@ -296,7 +296,8 @@ def classify(model_dir, input_path=None, texts=None, output_path=None, *, field:
         for start in range(0, len(order), batch_size):
             rows = order[start:start + batch_size]
             _, x, m, _ = next(_batches([ids[i] for i in rows], None, len(rows), pad_id))
-            probs[rows] = model(input_ids=x.to(model.device), attention_mask=m.to(model.device)).logits.float().softmax(-1).cpu().numpy()
+            logits = model(input_ids=x.to(model.device), attention_mask=m.to(model.device)).logits
+            probs[rows] = logits.float().softmax(-1).cpu().numpy()
     labels = [config.id2label[i] for i in range(config.num_labels)]
     results = [{"label": labels[int(p.argmax())], "score": float(p.max()),
                 "probs": {label: float(v) for label, v in zip(labels, p)}} for p in probs]

@@ -38,10 +38,10 @@ def lee_texts(quick: bool) -> list[str]:
 
     docs = [d.strip() for d in open(datapath("lee_background.cor"), encoding="latin-1") if d.strip()]
     if quick:
-        docs = docs[:24]
+        docs = docs[:16]
     sentences = [s for d in docs for s in re.split(r"(?<=[.!?])\s+", d) if len(s.split()) >= 3]
     if quick:
-        sentences = sentences[:144]
+        sentences = sentences[:96]
     texts = docs + sentences
     rng = np.random.default_rng(0)
     return [texts[i] for i in rng.permutation(len(texts))]
@@ -97,6 +97,10 @@ class PeakRSS:
         self.added_mb = (self.peak - self.base) / 2**20
 
 
+def min_cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
+
+
 def timed(fn):
     """Wall seconds, CPU seconds of this process (all threads: steadier on a shared machine), peak memory."""
     with PeakRSS() as mem:
@@ -149,22 +153,22 @@ def main(argv=None) -> dict:
             print(f"rep {rep + 1}/{reps} {name}: {seconds:.2f} s wall, {cpu:.2f} s CPU, "
                   f"{len(texts) / seconds:.1f} texts/s", flush=True)
     a, b = vectors["adapt"], vectors["sentence-transformers"]
-    cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    cos = min_cosine(a, b)
     result = {
         "model": str(model_dir), "dtype": args.dtype, "batch_size": args.batch_size, "reps": reps,
         "quick": args.quick, "texts": len(texts), "tokens": tokens, "torch_threads": torch.get_num_threads(),
         "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
-        "min_cosine_adapt_vs_st": float(cos.min()), "methods": {}}
+        "min_cosine_adapt_vs_st": cos, "methods": {}}
     for name in runs:
         seconds = statistics.median(times[name])
         result["methods"][name] = {"median_seconds": round(seconds, 3), "texts_per_s": round(len(texts) / seconds, 2),
-                                   "tokens_per_s": round(tokens / seconds, 1), "peak_added_mb": round(max(peaks[name]), 1),
+                                   "tokens_per_s": round(tokens / seconds, 1),
+                                   "peak_added_mb": round(max(peaks[name]), 1),
                                    "median_cpu_seconds": round(statistics.median(cpus[name]), 3),
                                    "all_seconds": [round(t, 3) for t in times[name]],
                                    "all_cpu_seconds": [round(t, 3) for t in cpus[name]]}
     if "adapt bf16" in vectors:
-        c = vectors["adapt bf16"]
-        result["min_cosine_bf16_vs_fp32"] = float(((a * c).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(c, axis=1)).min())
+        result["min_cosine_bf16_vs_fp32"] = min_cosine(a, vectors["adapt bf16"])
     ratio = result["methods"]["adapt"]["texts_per_s"] / result["methods"]["sentence-transformers"]["texts_per_s"]
     result["ratio_texts_per_s"] = round(ratio, 3)
     result["ratio_cpu_seconds"] = round(result["methods"]["sentence-transformers"]["median_cpu_seconds"]
@@ -184,17 +188,18 @@ def main(argv=None) -> dict:
 def write_results(result: dict, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
+    r = result
     lines = ["# Embedding throughput: adapt vs sentence-transformers", "",
-             f"Model `{result['model']}`, {result['texts']} texts ({result['tokens']} tokens), dtype {result['dtype']}, "
-             f"batch size {result['batch_size']}, {result['torch_threads']} torch threads, {result['reps']} interleaved "
-             f"repetitions (median){' (quick)' if result['quick'] else ''}.", "",
+             f"Model `{r['model']}`, {r['texts']} texts ({r['tokens']} tokens), dtype {r['dtype']}, batch size "
+             f"{r['batch_size']}, {r['torch_threads']} torch threads, {r['reps']} interleaved repetitions "
+             f"(median){' (quick)' if r['quick'] else ''}.", "",
              "| method | texts/s | tokens/s | median CPU s | peak added memory (MB) | runs, wall s | runs, CPU s |",
              "|---|---|---|---|---|---|---|"]
     for name, m in result["methods"].items():
         lines.append(f"| {name} | {m['texts_per_s']} | {m['tokens_per_s']} | {m['median_cpu_seconds']} | "
                      f"{m['peak_added_mb']} | {', '.join(map(str, m['all_seconds']))} | "
                      f"{', '.join(map(str, m['all_cpu_seconds']))} |")
-    lines += ["", f"Min cosine between adapt's and sentence-transformers' vectors: {result['min_cosine_adapt_vs_st']:.6f}."]
+    lines += ["", f"Min cosine between adapt's and sentence-transformers' vectors: {r['min_cosine_adapt_vs_st']:.6f}."]
     if "min_cosine_bf16_vs_fp32" in result:
         lines.append(f"Min cosine between adapt bf16 and fp32 vectors: {result['min_cosine_bf16_vs_fp32']:.5f}.")
     lines += [f"CPU time, sentence-transformers / adapt: {result['ratio_cpu_seconds']:.2f}x (steadier than wall time "

@@ -40,7 +40,6 @@ import json
 import math
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -192,14 +191,18 @@ def step_flops(shape: Shape, *, tokens: int, seq_len: int, head_rows: int, train
 # ----------------------------------------------------------------------------------------- runners
 
 class Runner:
-    """One configuration: ``run(n)`` does n training steps and returns their wall times."""
+    """One configuration: ``run(n)`` does n training steps and returns their (wall, CPU) seconds.
+
+    CPU seconds (``time.process_time`` of the process doing the step) are what the step cost this
+    process; on cores shared with other jobs they move much less than wall time.
+    """
     name: str
     tokens_per_step: int
     flops_per_step: float
     dtype: str
     notes: str = ""
 
-    def run(self, n: int) -> list[float]:
+    def run(self, n: int) -> list[tuple[float, float]]:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -246,11 +249,11 @@ class AdaptRunner(Runner):
         self.flops_per_step = step_flops(head_rows=self.tokens_per_step if head == "full" else rows * batch,
                                          **self._flops_args)
 
-    def _step(self) -> float:
+    def _step(self) -> tuple[float, float]:
         from adapt.objectives import mask_batch
         from adapt.train import _mask_generator
 
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         ids = torch.from_numpy(next(self.batches).astype(np.int64))
         inputs, labels = mask_batch(ids, self.objective, generator=_mask_generator(self.seed, 0, self.micro),
                                     **self.mask)
@@ -277,9 +280,9 @@ class AdaptRunner(Runner):
             self.flops_per_step = step_flops(
                 head_rows=self.tokens_per_step if self.head == "full" else n_labels, **self._flops_args)
         self.labels_per_step.append(n_labels)
-        return time.perf_counter() - start
+        return time.perf_counter() - start, time.process_time() - cpu
 
-    def run(self, n: int) -> list[float]:
+    def run(self, n: int) -> list[tuple[float, float]]:
         self.model.train()
         return [self._step() for _ in range(n)]
 
@@ -318,16 +321,16 @@ class HFTrainerRunner(Runner):
                                          head_rows=self.tokens_per_step, train_base=train_base, lora_params=lora_params)
         self.out_dir = tempfile.mkdtemp(prefix="hf-trainer-")
 
-    def run(self, n: int) -> list[float]:
+    def run(self, n: int) -> list[tuple[float, float]]:
         from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
 
-        stamps: list[float] = []
+        stamps: list[tuple[float, float]] = []
         device = self.device
 
         class StepTimer(TrainerCallback):
             def on_step_end(self, args, state, control, **kwargs):
                 sync(device)
-                stamps.append(time.perf_counter())
+                stamps.append((time.perf_counter(), time.process_time()))
 
         args = TrainingArguments(
             output_dir=self.out_dir, per_device_train_batch_size=self.batch, max_steps=n + 1, learning_rate=5e-5,
@@ -344,7 +347,7 @@ class HFTrainerRunner(Runner):
         del trainer
         _unwrap_accelerate_forward(self.model)
         gc.collect()
-        return list(np.diff(stamps))
+        return [tuple(x) for x in np.diff(np.array(stamps), axis=0)]
 
 
 class LLM2VecRunner(Runner):
@@ -374,11 +377,12 @@ class LLM2VecRunner(Runner):
             self.notes = f"transformers {self.ready['transformers']}, LoRA on the inner model"
         return self.ready
 
-    def run(self, n: int) -> list[float]:
+    def run(self, n: int) -> list[tuple[float, float]]:
         self.wait_ready()
         self.proc.stdin.write(f"run {n}\n")
         self.proc.stdin.flush()
-        return self._read("RESULT")["seconds"]
+        res = self._read("RESULT")
+        return list(zip(res["seconds"], res["cpu_seconds"]))
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -400,12 +404,14 @@ def interleave(runners: list[Runner], *, rounds: int, steps: int, budget_s: floa
     Each round also measures the fp32 and bf16 matmul peak, so MFU compares like with like. Stops
     early (after ``min_rounds``) when ``budget_s`` is spent; each runner's times are kept per round.
     """
-    times = {r.name: [] for r in runners}  # name -> [[round 0 step times], ...]
+    times = {r.name: [] for r in runners}  # name -> [[round 0 step wall times], ...]
+    cpu = {r.name: [] for r in runners}  # the same in CPU seconds
     peaks = {"fp32": [], "bf16": []}
     start = time.perf_counter()
     alive = list(runners)
     for r in list(alive):
         try:
+            print(f"[warmup] {r.name}", flush=True)
             r.run(1)
         except Exception as e:  # noqa: BLE001 - a configuration that cannot run is reported, not fatal
             print(f"[skip] {r.name}: {type(e).__name__}: {e}", flush=True)
@@ -420,12 +426,13 @@ def interleave(runners: list[Runner], *, rounds: int, steps: int, budget_s: floa
         order = alive[k % len(alive):] + alive[:k % len(alive)]
         line = []
         for r in order:
-            secs = r.run(steps)
-            times[r.name].append(secs)
-            line.append(f"{r.name} {r.tokens_per_step / statistics.median(secs):.0f}")
+            pairs = r.run(steps)
+            times[r.name].append([w for w, _ in pairs])
+            cpu[r.name].append([c for _, c in pairs])
+            line.append(f"{r.name} {r.tokens_per_step / statistics.median(times[r.name][-1]):.0f}")
         print(f"[round {k + 1}] tok/s: " + ", ".join(line) + f" | peak GFLOP/s fp32 {peaks['fp32'][-1] / 1e9:.0f}"
               f" bf16 {peaks['bf16'][-1] / 1e9:.0f}", flush=True)
-    return {"times": times, "peaks": peaks, "seconds": time.perf_counter() - start}
+    return {"times": times, "cpu": cpu, "peaks": peaks, "seconds": time.perf_counter() - start}
 
 
 def summarize(runners: list[Runner], measured: dict) -> dict:
@@ -433,7 +440,9 @@ def summarize(runners: list[Runner], measured: dict) -> dict:
     out = {}
     for r in runners:
         per_round = measured["times"].get(r.name) or []
+        cpu_rounds = measured["cpu"].get(r.name) or []
         flat = [s for rnd in per_round for s in rnd]
+        cpu_flat = [s for rnd in cpu_rounds for s in rnd]
         row = {"dtype": r.dtype, "tokens_per_step": r.tokens_per_step, "notes": r.notes}
         if flat:
             med = statistics.median(flat)
@@ -442,6 +451,9 @@ def summarize(runners: list[Runner], measured: dict) -> dict:
                 "steps": len(flat), "median_step_s": med, "tokens_per_s": r.tokens_per_step / med,
                 "tokens_per_s_iqr": [r.tokens_per_step / q[1], r.tokens_per_step / q[0]],
                 "round_tokens_per_s": [r.tokens_per_step / statistics.median(x) for x in per_round],
+                "median_step_cpu_s": statistics.median(cpu_flat),
+                "tokens_per_cpu_s": r.tokens_per_step / statistics.median(cpu_flat),
+                "round_tokens_per_cpu_s": [r.tokens_per_step / statistics.median(x) for x in cpu_rounds],
                 "flops_per_step": r.flops_per_step, "achieved_tflops": r.flops_per_step / med / 1e12,
                 "mfu": r.flops_per_step / med / peak[r.dtype],
             })
@@ -460,8 +472,11 @@ def paired_ratio(summary: dict, a: str, b: str) -> dict | None:
     if "tokens_per_s" not in ra or "tokens_per_s" not in rb:
         return None
     rounds = [x / y for x, y in zip(ra["round_tokens_per_s"], rb["round_tokens_per_s"])]
+    cpu_rounds = [x / y for x, y in zip(ra["round_tokens_per_cpu_s"], rb["round_tokens_per_cpu_s"])]
     return {"a": a, "b": b, "ratio": ra["tokens_per_s"] / rb["tokens_per_s"],
-            "per_round": rounds, "min": min(rounds), "max": max(rounds)}
+            "per_round": rounds, "min": min(rounds), "max": max(rounds),
+            "cpu_ratio": ra["tokens_per_cpu_s"] / rb["tokens_per_cpu_s"], "cpu_per_round": cpu_rounds,
+            "cpu_min": min(cpu_rounds), "cpu_max": max(cpu_rounds)}
 
 
 # ---------------------------------------------------------------------------------- memory workers
@@ -473,6 +488,15 @@ def _rss_kib() -> dict:
         if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
             out[key] = int(value.split()[0])
     return out
+
+
+def _malloc_trim() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 class RssSampler:
@@ -527,6 +551,8 @@ def memory_worker(spec: dict) -> dict:
     model = apply_tuning(model, tuning)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
+    loaded = _rss_kib()
+    _malloc_trim()  # glibc keeps the heap pages freed while loading/quantizing; give them back first
     after_load = _rss_kib()
     blocks = np.load(spec["blocks"])
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -551,7 +577,7 @@ def memory_worker(spec: dict) -> dict:
     param_bytes = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
     out = {"baseline_rss_mib": baseline["VmRSS"] / 1024, "after_load_rss_mib": after_load["VmRSS"] / 1024,
            "train_peak_rss_mib": sampler.peak["VmRSS"] / 1024, "train_peak_anon_mib": sampler.peak["RssAnon"] / 1024,
-           "process_hwm_mib": end["VmHWM"] / 1024, "ru_maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+           "process_hwm_mib": end["VmHWM"] / 1024, "loaded_rss_before_trim_mib": loaded["VmRSS"] / 1024,
            "param_mib": param_bytes / 2**20, "trainable_params": sum(p.numel() for p in trainable),
            "total_params": shape.total, "steps": spec["steps"], "step_seconds": secs, "wall_s": wall}
     out["train_peak_over_baseline_mib"] = out["train_peak_rss_mib"] - out["baseline_rss_mib"]
@@ -620,11 +646,11 @@ def markdown(res: dict) -> str:
              f"bf16 {peaks['bf16']:.0f} GFLOP/s (median {res['peaks_median_gflops']['fp32']:.0f} / "
              f"{res['peaks_median_gflops']['bf16']:.0f}).", "",
              "## Tokens/s per configuration", "",
-             "| configuration | dtype | tokens/s (median) | IQR | step s | TFLOP/s done | MFU | notes |",
-             "|---|---|---:|---:|---:|---:|---:|---|"]
+             "| configuration | dtype | tokens/s (median) | IQR | step s | tokens per CPU-s | TFLOP/s done | MFU | notes |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for name, row in res["configs"].items():
         if "tokens_per_s" not in row:
-            lines.append(f"| {name} | {row['dtype']} | - | - | - | - | - | {row['notes']} |")
+            lines.append(f"| {name} | {row['dtype']} | - | - | - | - | - | - | {row['notes']} |")
             continue
         iqr = row["tokens_per_s_iqr"]
         note = row["notes"]
@@ -633,10 +659,13 @@ def markdown(res: dict) -> str:
         if row.get("optimizer"):
             note = (note + "; " if note else "") + f"optimizer {row['optimizer']}"
         lines.append(f"| {name} | {row['dtype']} | {row['tokens_per_s']:.0f} | {iqr[0]:.0f}-{iqr[1]:.0f} | "
-                     f"{row['median_step_s']:.2f} | {row['achieved_tflops']:.3f} | {row['mfu']:.1%} | {note} |")
-    lines += ["", "## Ratios (tokens/s, same settings; min-max over rounds)", ""]
+                     f"{row['median_step_s']:.2f} | {row['tokens_per_cpu_s']:.0f} | {row['achieved_tflops']:.3f} | "
+                     f"{row['mfu']:.1%} | {note} |")
+    lines += ["", "## Ratios (same settings; min-max of the per-round ratios in brackets)", "",
+              "| a / b | tokens/s (wall) | per round | tokens per CPU-second | per round |", "|---|---:|---|---:|---|"]
     for r in res["ratios"]:
-        lines.append(f"- {r['a']} / {r['b']}: **{r['ratio']:.2f}x** ({r['min']:.2f}-{r['max']:.2f})")
+        lines.append(f"| {r['a']} / {r['b']} | **{r['ratio']:.2f}x** | {r['min']:.2f}-{r['max']:.2f} | "
+                     f"{r['cpu_ratio']:.2f}x | {r['cpu_min']:.2f}-{r['cpu_max']:.2f} |")
     if res.get("levers"):
         lines += ["", "## Levers", ""] + [f"- {k}: {v}" for k, v in res["levers"].items()]
     for title, key in (("Time per token vs sequence length", "seq_sweep"), ("Time per token vs batch size", "batch_sweep")):
@@ -648,17 +677,20 @@ def markdown(res: dict) -> str:
                 lines.append(f"| {row['seq_len']} | {row['batch']} | {row['tokens']} | {_fmt(row.get('ms_per_token'), '.2f')} | "
                              f"{_fmt(row.get('tokens_per_s'))} | {_fmt(row.get('mfu'), '.1%')} |")
     if res.get("memory"):
-        lines += ["", "## Peak memory (one subprocess per configuration)", "",
-                  "| configuration | model | params | trainable | seq x batch | peak RSS MiB (train) | over imports MiB | "
-                  "process HWM MiB | params MiB | CUDA peak MiB |", "|---|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+        lines += ["", "## Peak memory (one subprocess per configuration; MiB)", "",
+                  "RSS after imports is subtracted in `peak over imports`; `anon` leaves out file-backed pages "
+                  "(weights mmapped from safetensors); `HWM` is the whole process including loading.", "",
+                  "| configuration | model | params | trainable | seq x batch | param MiB | RSS after load | "
+                  "train peak RSS | **peak over imports** | anon peak | HWM | CUDA peak |",
+                  "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
         for name, row in res["memory"].items():
             if "error" in row:
-                lines.append(f"| {name} | {row.get('model', '')} | | | | {row['error']} | | | | |")
+                lines.append(f"| {name} | {row.get('model', '')} | | | | | | {row['error']} | | | | |")
                 continue
             lines.append(f"| {name} | {row['model']} | {row['total_params'] / 1e6:.0f}M | {row['trainable_params'] / 1e6:.2f}M | "
-                         f"{row['seq_len']} x {row['batch']} | {row['train_peak_rss_mib']:.0f} | "
-                         f"{row['train_peak_over_baseline_mib']:.0f} | {row['process_hwm_mib']:.0f} | {row['param_mib']:.0f} | "
-                         f"{_fmt(row.get('cuda_peak_mib'))} |")
+                         f"{row['seq_len']} x {row['batch']} | {row['param_mib']:.0f} | {row['after_load_rss_mib']:.0f} | "
+                         f"{row['train_peak_rss_mib']:.0f} | **{row['train_peak_over_baseline_mib']:.0f}** | "
+                         f"{row['train_peak_anon_mib']:.0f} | {row['process_hwm_mib']:.0f} | {_fmt(row.get('cuda_peak_mib'))} |")
         for note in res.get("memory_notes", []):
             lines += ["", note]
     if res.get("not_run"):
@@ -982,7 +1014,8 @@ def main(argv=None) -> dict | None:
     peaks = {k: max(v) / 1e9 for k, v in measured["peaks"].items()}
     peaks_med = {k: statistics.median(v) / 1e9 for k, v in measured["peaks"].items()}
     head = next((r for r in ratios if (r["a"], r["b"]) == HEADLINE), None)
-    headline = (f"adapt MLM step vs transformers route: {head['ratio']:.2f}x tokens/s" if head
+    headline = (f"adapt MLM step vs transformers route: {head['ratio']:.2f}x tokens/s "
+                f"({head['cpu_ratio']:.2f}x per CPU-second)" if head
                 else "adapt MLM step vs transformers route: not measured")
     results = {
         "machine": machine_info(device),
@@ -999,10 +1032,12 @@ def main(argv=None) -> dict | None:
     write_report(results, args.out)
     print(f"[done] {results['settings']['wall_s']:.0f}s; results in {args.out}/train_throughput.{{json,md,png}}")
     for r in ratios:
-        print(f"  {r['a']} / {r['b']}: {r['ratio']:.2f}x (rounds {r['min']:.2f}-{r['max']:.2f})")
+        print(f"  {r['a']} / {r['b']}: {r['ratio']:.2f}x (rounds {r['min']:.2f}-{r['max']:.2f}); "
+              f"per CPU-second {r['cpu_ratio']:.2f}x ({r['cpu_min']:.2f}-{r['cpu_max']:.2f})")
     for name, row in configs.items():
         if "tokens_per_s" in row:
-            print(f"  {name}: {row['tokens_per_s']:.0f} tokens/s, MFU {row['mfu']:.1%}")
+            print(f"  {name}: {row['tokens_per_s']:.0f} tokens/s ({row['tokens_per_cpu_s']:.0f} per CPU-s), "
+                  f"MFU {row['mfu']:.1%}")
     print(headline, flush=True)
     return results
 

@@ -58,7 +58,8 @@ def test_layout_and_round_trips(bidir, tokenizer, tmp_path):
     assert probe(st[0].auto_model).bidirectional
     encoder = load_encoder(out)
     for prompt_name in (None, "query"):
-        assert cosines(st.encode(TEXTS, prompt_name=prompt_name), encoder.encode(TEXTS, prompt_name=prompt_name)).min() > 0.9999
+        expected = st.encode(TEXTS, prompt_name=prompt_name)
+        assert cosines(expected, encoder.encode(TEXTS, prompt_name=prompt_name)).min() > 0.9999
     # the prompt changes the vectors, so the check above is not vacuous
     assert cosines(encoder.encode(TEXTS), encoder.encode(TEXTS, prompt_name="query")).min() < 0.9999
     # the backbone's mean-pooled hidden states are the encoder's vectors
@@ -131,12 +132,12 @@ def test_families_round_trip(family, tokenizer, tmp_path):
 
 def test_dtype_and_missing_pad_token(bidir, tokenizer, tmp_path):
     tok = AutoTokenizer.from_pretrained(_saved(tokenizer, tmp_path / "tok"))
-    tok.pad_token = None
+    tok.pad_token, tok.padding_side = None, "left"  # as many decoders ship
     export_encoder(bidir, tok, tmp_path / "enc", dtype="bf16")
     with safe_open(str(tmp_path / "enc" / "model.safetensors"), "pt") as f:
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
     saved = AutoTokenizer.from_pretrained(tmp_path / "enc")
-    assert saved.pad_token == saved.eos_token == "</s>"
+    assert saved.pad_token == saved.eos_token == "</s>" and saved.padding_side == "right"
     assert next(bidir.parameters()).dtype == torch.float32  # the caller's model is not cast
 
 

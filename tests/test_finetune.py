@@ -109,7 +109,8 @@ def test_labeled_formats(tmp_path):
     rows = toy_rows(6, 2)
     (tmp_path / "a.txt").write_text("".join(f"__label__{r['label']} {r['text']}\n" for r in rows))
     (tmp_path / "a.csv").write_text("text,label\n" + "".join(f"{r['text']},{r['label']}\n" for r in rows))
-    (tmp_path / "n.jsonl").write_text("".join(json.dumps({"t": r["text"], "y": i % 3}) + "\n" for i, r in enumerate(rows)))
+    numbered = [json.dumps({"t": r["text"], "y": i % 3}) + "\n" for i, r in enumerate(rows)]
+    (tmp_path / "n.jsonl").write_text("".join(numbered))
     expected = ([r["text"] for r in rows], [r["label"] for r in rows])
     assert read_labeled(tmp_path / "a.txt") == expected
     assert read_labeled(tmp_path / "a.csv") == expected

