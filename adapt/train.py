@@ -78,8 +78,13 @@ class Trainer:
             raise TrainingError("the model has no trainable parameters: check tuning.method and target_modules")
         decay = [p for p in params if p.ndim >= 2]
         no_decay = [p for p in params if p.ndim < 2]
-        optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": self.tcfg.weight_decay},
-                                       {"params": no_decay, "weight_decay": 0.0}], lr=self.tcfg.lr)
+        groups = [{"params": decay, "weight_decay": self.tcfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        try:
+            # The fused kernel: one pass over all parameters instead of a loop of small ops; about
+            # 10x faster for the optimizer step of a 135M model on CPU (benchmarks/train_throughput.py).
+            optimizer = torch.optim.AdamW(groups, lr=self.tcfg.lr, fused=True)
+        except (RuntimeError, TypeError, ValueError):  # a dtype or device without the fused kernel
+            optimizer = torch.optim.AdamW(groups, lr=self.tcfg.lr)
         name = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}[self.tcfg.scheduler]
         # Stepped by hand once per optimizer step (not prepared: Accelerate would step it per process).
         self.scheduler = get_scheduler(name, optimizer, num_warmup_steps=int(self.tcfg.warmup_ratio * self.tcfg.max_steps),
@@ -113,15 +118,16 @@ class Trainer:
     def resume(self) -> bool:
         """Load the last complete checkpoint, if any; log lines written after it are dropped."""
         ckpts = checkpoint_dirs(self.run_dir)
-        if not ckpts:
-            return False
-        last = ckpts[-1]
-        self.accelerator.load_state(str(last))
-        state = json.loads((last / STATE_FILE).read_text())
-        self.step, self.tokens, self.last_eval = state["step"], state["tokens"], state.get("last_eval", {})
-        if self.accelerator.is_main_process:
+        if ckpts:
+            last = ckpts[-1]
+            self.accelerator.load_state(str(last))
+            state = json.loads((last / STATE_FILE).read_text())
+            self.step, self.tokens, self.last_eval = state["step"], state["tokens"], state.get("last_eval", {})
+        if self.accelerator.is_main_process and self.metrics_path.exists():  # also a run killed before its first checkpoint
             kept = [r for r in read_jsonl(self.metrics_path) if r.get("step", 0) <= self.step]
             atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
+        if not ckpts:
+            return False
         log.info("resumed from %s (step %d)", last, self.step)
         return True
 

@@ -164,7 +164,7 @@ class Shape:
         cfg = model.config
         emb = model.get_input_embeddings().weight
         head = model.get_output_embeddings().weight
-        skip = {id(emb), id(head)}
+        skip = {id(emb), id(head)} | {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
         body = sum(p.numel() for p in model.parameters() if p.dim() == 2 and id(p) not in skip)
         heads = cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
@@ -287,13 +287,13 @@ class AdaptRunner(Runner):
         return [self._step() for _ in range(n)]
 
 
-def _unwrap_accelerate_forward(model) -> None:
-    """Undo the autocast wrapper Accelerate puts on ``model.forward`` (the next Trainer adds its own)."""
-    original = model.__dict__.pop("_original_forward", None)
-    if original is not None:
-        model.__dict__.pop("forward", None)
-        if getattr(original, "__func__", None) is not type(model).forward:
-            model.forward = original
+def autocast_probe(model, device: str) -> set:
+    """Record, at every forward, whether autocast is on inside the model (the embeddings run inside it)."""
+    seen: set = set()
+    device_type = device.split(":")[0]
+    model.get_input_embeddings().register_forward_pre_hook(
+        lambda module, args: seen.add(torch.is_autocast_enabled(device_type)))
+    return seen
 
 
 class HFTrainerRunner(Runner):
@@ -301,7 +301,9 @@ class HFTrainerRunner(Runner):
 
     Each ``run(n)`` builds a fresh Trainer and trains n + 1 steps; a callback stamps every step end,
     and the n intervals between stamps (data collation + forward + backward + clip + optimizer +
-    Trainer bookkeeping) are returned; the first step's interval would include the setup.
+    Trainer bookkeeping) are returned; the first step's interval would include the setup. The model
+    is this runner's own: Accelerate wraps its forward in autocast once and marks it prepared, and
+    later Trainers keep that wrapper (a probe checks that every forward ran under autocast).
     """
 
     def __init__(self, name, model, tokenizer, blocks, batch, *, ratio, bf16: bool, device, shape: Shape,
@@ -320,6 +322,7 @@ class HFTrainerRunner(Runner):
         self.flops_per_step = step_flops(shape, tokens=self.tokens_per_step, seq_len=blocks.shape[1],
                                          head_rows=self.tokens_per_step, train_base=train_base, lora_params=lora_params)
         self.out_dir = tempfile.mkdtemp(prefix="hf-trainer-")
+        self.autocast_seen = autocast_probe(model, device)
 
     def run(self, n: int) -> list[tuple[float, float]]:
         from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
@@ -345,8 +348,9 @@ class HFTrainerRunner(Runner):
         self.optimizer_name = type(trainer.optimizer.optimizer if hasattr(trainer.optimizer, "optimizer")
                                    else trainer.optimizer).__name__ + f" ({args.optim})"
         del trainer
-        _unwrap_accelerate_forward(self.model)
         gc.collect()
+        if self.autocast_seen != {self.bf16}:
+            raise RuntimeError(f"{self.name}: autocast was {sorted(self.autocast_seen)} during training, expected {self.bf16}")
         return [tuple(x) for x in np.diff(np.array(stamps), axis=0)]
 
 
@@ -382,6 +386,8 @@ class LLM2VecRunner(Runner):
         self.proc.stdin.write(f"run {n}\n")
         self.proc.stdin.flush()
         res = self._read("RESULT")
+        if res["autocast"] != [self.dtype == "bf16"]:
+            raise RuntimeError(f"{self.name}: autocast was {res['autocast']} during training")
         return list(zip(res["seconds"], res["cpu_seconds"]))
 
     def close(self) -> None:
@@ -398,7 +404,7 @@ class LLM2VecRunner(Runner):
 # -------------------------------------------------------------------------------------- measuring
 
 def interleave(runners: list[Runner], *, rounds: int, steps: int, budget_s: float, device: str,
-               min_rounds: int = 2, peak_n: int = 2048) -> dict:
+               min_rounds: int = 2, peak_n: int = 2048, warmup: bool = True) -> dict:
     """Warm every runner up (1 step), then rounds of ``steps`` steps each, in rotating order.
 
     Each round also measures the fp32 and bf16 matmul peak, so MFU compares like with like. Stops
@@ -409,7 +415,7 @@ def interleave(runners: list[Runner], *, rounds: int, steps: int, budget_s: floa
     peaks = {"fp32": [], "bf16": []}
     start = time.perf_counter()
     alive = list(runners)
-    for r in list(alive):
+    for r in list(alive) if warmup else []:
         try:
             print(f"[warmup] {r.name}", flush=True)
             r.run(1)
@@ -549,6 +555,10 @@ def memory_worker(spec: dict) -> dict:
         model.to(device)
     shape = Shape.of(model)
     model = apply_tuning(model, tuning)
+    if spec.get("frozen_bf16"):  # proposed: keep what peft's prepare_model_for_kbit_training cast to fp32 but
+        for p in model.parameters():  # does not train (embeddings, tied head, norms) in bf16
+            if not p.requires_grad and p.dtype == torch.float32:
+                p.data = p.data.to(torch.bfloat16)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     loaded = _rss_kib()
@@ -634,6 +644,7 @@ def markdown(res: dict) -> str:
     m, s = res["machine"], res["settings"]
     peaks = res["peaks_gflops"]
     lines = [f"# Training throughput ({'quick' if s['quick'] else 'full'} run, {m['date']})", "",
+             f"`{s.get('command', '')}`", "",
              f"Machine: {m['cpu']}, {m['cpu_cores']} cores, {m['torch_threads']} torch threads, "
              f"bf16 units {m['cpu_bf16_units'] or 'none'}, device {m['device']}{', ' + m['gpu'] if 'gpu' in m else ''}; "
              f"torch {m['torch']}, transformers {m['transformers']}, peft {m['peft']}. Load average at start "
@@ -671,11 +682,12 @@ def markdown(res: dict) -> str:
     for title, key in (("Time per token vs sequence length", "seq_sweep"), ("Time per token vs batch size", "batch_sweep")):
         rows = res.get(key) or []
         if rows:
-            lines += ["", f"## {title} ({rows[0]['config']})", "", "| seq_len | batch | tokens/step | ms/token | tokens/s | MFU |",
-                      "|---:|---:|---:|---:|---:|---:|"]
+            lines += ["", f"## {title}", "", "| configuration | seq_len | batch | tokens/step | ms/token | CPU ms/token | "
+                      "tokens/s | MFU | steps |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
             for row in rows:
-                lines.append(f"| {row['seq_len']} | {row['batch']} | {row['tokens']} | {_fmt(row.get('ms_per_token'), '.2f')} | "
-                             f"{_fmt(row.get('tokens_per_s'))} | {_fmt(row.get('mfu'), '.1%')} |")
+                lines.append(f"| {row['config']} | {row['seq_len']} | {row['batch']} | {row['tokens']} | "
+                             f"{_fmt(row.get('ms_per_token'), '.2f')} | {_fmt(row.get('cpu_ms_per_token'), '.2f')} | "
+                             f"{_fmt(row.get('tokens_per_s'))} | {_fmt(row.get('mfu'), '.1%')} | {_fmt(row.get('steps'), 'd')} |")
     if res.get("memory"):
         lines += ["", "## Peak memory (one subprocess per configuration; MiB)", "",
                   "RSS after imports is subtracted in `peak over imports`; `anon` leaves out file-backed pages "
@@ -918,39 +930,45 @@ def main(argv=None) -> dict | None:
             r.optimizer = None
     gc.collect()
 
-    # ---- time per token vs sequence length and batch ----
+    # ---- time per token vs sequence length (fixed tokens per step) and vs batch size ----
     seq_sweep, batch_sweep = [], []
-    if "sweep" not in skip and time.perf_counter() - t_start < (200 if quick else 1e9):
+    if "sweep" not in skip:
         sweep_opt = adamw(params, 5e-5, fused=fused_ok)
         tokens = 1024 if quick else 4096
         seqs = [128, 512, 1024] if quick else [128, 256, 512, 1024, 2048]
+        batches = [2, 8] if quick else [1, 2, 4, 8, 16, 32]
         sweep_cfgs = [("bf16", True)] if quick else [("bf16", True), ("fp32", False)]
-        sweep_runners = []
-        for label, amp in sweep_cfgs:
+        points = {}  # (label, seq, batch) -> [sweeps it belongs to]
+        for label, _ in sweep_cfgs:
             for seq in seqs:
-                b = max(1, tokens // seq)
-                sweep_runners.append(AdaptRunner(f"seq{seq}x{b}-{label}", full_model, sweep_opt, packed_blocks(tokenizer, seq, cache),
-                                                 b, amp=amp, shape=shape, train_base=True, **common))
-                sweep_runners[-1].sweep = ("seq", label, seq, b)
-            if not quick:
-                for b in (1, 2, 4, 8, 16, 32):
-                    sweep_runners.append(AdaptRunner(f"batch{b}-{label}", full_model, sweep_opt, blocks, b, amp=amp,
-                                                     shape=shape, train_base=True, **common))
-                    sweep_runners[-1].sweep = ("batch", label, args.seq_len, b)
+                points.setdefault((label, seq, max(1, tokens // seq)), []).append("seq")
+            for b in batches:
+                points.setdefault((label, args.seq_len, b), []).append("batch")
+        sweep_runners = []
+        for (label, seq, b), kinds in points.items():
+            runner = AdaptRunner(f"seq{seq}x{b}-{label}", full_model, sweep_opt, packed_blocks(tokenizer, seq, cache), b,
+                                 amp=label == "bf16", shape=shape, train_base=True, **common)
+            runner.sweep = (kinds, label, seq, b)
+            sweep_runners.append(runner)
+        # the model and optimizer are warm already: no warm-up step, one round at least
         sweep = interleave(sweep_runners, rounds=2 if quick else 3, steps=1 if quick else 2, device=device,
-                           budget_s=60 if quick else 1800, min_rounds=1, peak_n=peak_n)
+                           budget_s=45 if quick else 3600, min_rounds=1, peak_n=peak_n, warmup=False)
         sweep_summary = summarize(sweep_runners, sweep)
         for r in sweep_runners:
-            kind, label, seq, b = r.sweep
+            kinds, label, seq, b = r.sweep
             row = sweep_summary[r.name]
             entry = {"config": f"adapt-full-{label}+fused", "seq_len": seq, "batch": b, "tokens": seq * b,
                      "ms_per_token": 1000 / row["tokens_per_s"] if "tokens_per_s" in row else None,
-                     "tokens_per_s": row.get("tokens_per_s"), "mfu": row.get("mfu")}
-            (seq_sweep if kind == "seq" else batch_sweep).append(entry)
+                     "cpu_ms_per_token": 1000 / row["tokens_per_cpu_s"] if "tokens_per_cpu_s" in row else None,
+                     "tokens_per_s": row.get("tokens_per_s"), "mfu": row.get("mfu"), "steps": row.get("steps")}
+            if "seq" in kinds:
+                seq_sweep.append(entry)
+            if "batch" in kinds:
+                batch_sweep.append(entry)
+        seq_sweep.sort(key=lambda e: (e["config"], e["seq_len"]))
+        batch_sweep.sort(key=lambda e: (e["config"], e["batch"]))
         del sweep_opt
         gc.collect()
-    elif "sweep" not in skip:
-        not_run["sequence-length sweep"] = "out of the quick time budget"
 
     del full_model, lora_model, hf_model, runners
     gc.collect()
@@ -987,11 +1005,14 @@ def main(argv=None) -> dict | None:
         q_seq, q_batch = 128, 2
         q_blocks = cache / "data" / f"seq{q_seq}.npy"
         np.save(q_blocks, packed_blocks(tokenizer, q_seq, cache))
-        q_specs = {"0.5B lora-bf16": dict(tuning="lora", weights="bfloat16"),
-                   "0.5B qlora-nf4": dict(tuning="qlora", weights="bfloat16")}
+        # as presets/qlora.yaml trains (gradient checkpointing on), and LoRA on the same terms
+        q_specs = {"0.5B lora-bf16+gradckpt": dict(tuning="lora", weights="bfloat16", grad_ckpt=True),
+                   "0.5B qlora-nf4+gradckpt": dict(tuning="qlora", weights="bfloat16", grad_ckpt=True)}
         if not quick:
-            q_specs.update({"0.5B lora-bf16+gradckpt": dict(tuning="lora", weights="bfloat16", grad_ckpt=True),
-                            "0.5B qlora-nf4+gradckpt": dict(tuning="qlora", weights="bfloat16", grad_ckpt=True)})
+            q_specs.update({"0.5B lora-bf16": dict(tuning="lora", weights="bfloat16"),
+                            "0.5B qlora-nf4": dict(tuning="qlora", weights="bfloat16"),
+                            "0.5B qlora-nf4+gradckpt+frozen-bf16": dict(tuning="qlora", weights="bfloat16",
+                                                                        grad_ckpt=True, frozen_bf16=True)})
         for name, extra in q_specs.items():
             spec = dict(model_dir=str(big), blocks=str(q_blocks), batch=q_batch, seq_len=q_seq, mask_ratio=args.mask_ratio,
                         objective=args.objective, steps=1 if quick else 2, device=device, route="adapt", amp=True,
@@ -999,12 +1020,15 @@ def main(argv=None) -> dict | None:
             row = run_worker("memory", spec, timeout=1200, log=logs / "memory_workers.log")
             memory[name] = {**row, "model": "Llama 0.5B (random, from config)", "seq_len": q_seq, "batch": q_batch}
             print(f"[memory] {name}: {row.get('train_peak_rss_mib', row.get('error'))}", flush=True)
-        lo, q = memory.get("0.5B lora-bf16", {}), memory.get("0.5B qlora-nf4", {})
+        lo, q = memory.get("0.5B lora-bf16+gradckpt", {}), memory.get("0.5B qlora-nf4+gradckpt", {})
         if "train_peak_rss_mib" in lo and "train_peak_rss_mib" in q:
             key = "cuda_peak_mib" if cuda else "train_peak_over_baseline_mib"
             ratio = q[key] / lo[key]
-            levers["QLoRA 4-bit / bf16 LoRA peak memory (0.5B, over the post-import RSS)" if not cuda
-                   else "QLoRA 4-bit / bf16 LoRA CUDA peak (0.5B)"] = f"{ratio:.2f} (target <= 0.50)"
+            levers["QLoRA 4-bit / bf16 LoRA peak memory (0.5B, both with gradient checkpointing, "
+                   + ("peak RSS over the post-import RSS)" if not cuda else "CUDA peak)")] = f"{ratio:.2f} (target <= 0.50)"
+            fb = memory.get("0.5B qlora-nf4+gradckpt+frozen-bf16", {})
+            if key in fb:
+                levers["the same with the frozen non-4-bit weights kept in bf16 (proposed)"] = f"{fb[key] / lo[key]:.2f}"
             memory_notes.append(
                 f"QLoRA: parameters take {q['param_mib']:.0f} MiB against {lo['param_mib']:.0f} MiB for bf16 LoRA. The "
                 "linear layers are 4-bit, but peft's prepare_model_for_kbit_training casts every parameter it does not "
@@ -1019,7 +1043,8 @@ def main(argv=None) -> dict | None:
                 else "adapt MLM step vs transformers route: not measured")
     results = {
         "machine": machine_info(device),
-        "settings": {"quick": quick, "model": args.model, "model_short": Path(args.model).name or args.model,
+        "settings": {"command": "python benchmarks/train_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                     "quick": quick, "model": args.model, "model_short": Path(args.model).name or args.model,
                      "params": shape.total, "seq_len": args.seq_len, "batch": batch,
                      "objective": args.objective, "mask_ratio": args.mask_ratio, "steps_per_round": steps,
                      "rounds_done": len(measured["peaks"]["fp32"]), "peak_n": peak_n, "attn": args.attn or "family default",

@@ -332,6 +332,26 @@ def test_simcse_stage_resumes_exactly_after_a_crash(tiny_model_dir, tmp_path, mo
     assert summary["dropout"] == 0.1 and summary["data"]["examples"] == 40 and summary["eval_examples"] == 8
 
 
+def test_resume_before_the_first_checkpoint_restarts_with_a_clean_log(tiny_model_dir, tmp_path, monkeypatch):
+    corpus = _write(tmp_path / "c.txt", toy_sentences(40))
+    cfg = _cfg(tiny_model_dir, data={"sources": [str(corpus)]}, train={"save_every": 0, "eval_every": 0})
+    original = ContrastiveTrainer.train_step
+
+    def dying(self):
+        if self.step == 2:
+            raise RuntimeError("simulated kill")
+        return original(self)
+
+    monkeypatch.setattr(ContrastiveTrainer, "train_step", dying)
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="simulated kill"):
+        train_contrastive(cfg, out, show_progress=False)
+    monkeypatch.setattr(ContrastiveTrainer, "train_step", original)
+    train_contrastive(cfg, out, resume=True, show_progress=False)
+    records = [json.loads(x) for x in (out / "run/metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4]
+
+
 def test_too_little_data_is_a_clear_error(tiny_model_dir, tmp_path):
     corpus = _write(tmp_path / "c.txt", toy_sentences(3))
     with pytest.raises(DataError, match="only 3 training sentences"):
