@@ -742,6 +742,9 @@ def plot(res: dict, path: Path) -> None:
             ys = [r["ms_per_token"] for r in pts if r["config"] == config]
             ax.plot(xs, ys, "o-", label=config)
         ax.set_xscale("log", base=2)
+        ticks = sorted({r[by] for r in pts})
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.set_ylim(bottom=0)
         ax.set_xlabel(by)
         ax.set_ylabel("ms per token (training step)")
         ax.set_title(f"time/token vs {by}", fontsize=10)
@@ -773,6 +776,7 @@ def parse_args(argv=None):
     p.add_argument("--skip", default="", help="comma list: llm2vec,hf,lora,memory,qlora,sweep")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--cache", type=Path, default=CACHE)
+    p.add_argument("--report-only", type=Path, help="rewrite the .md and .png from a results .json")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--spec", help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -784,6 +788,11 @@ def main(argv=None) -> dict | None:
         fn = {"memory": memory_worker, "make-model": make_model_worker}[args.worker]
         print("@@RESULT " + json.dumps(fn(json.loads(args.spec))), flush=True)
         return None
+    if args.report_only:
+        results = json.loads(args.report_only.read_text())
+        write_report(results, args.out)
+        print(results["headline"])
+        return results
     t_start = time.perf_counter()
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     cuda = device.startswith("cuda")
@@ -978,6 +987,7 @@ def main(argv=None) -> dict | None:
     if "memory" not in skip:
         mem_specs = {
             "adapt-full-bf16": dict(route="adapt", tuning="full", weights="auto", amp=True),
+            "adapt-full-bf16+fused": dict(route="adapt", tuning="full", weights="auto", amp=True, fused=True),
             "hf-trainer-full-bf16": dict(route="hf-trainer", tuning="full", weights="auto", amp=True),
         }
         if not quick:
@@ -1007,12 +1017,12 @@ def main(argv=None) -> dict | None:
         np.save(q_blocks, packed_blocks(tokenizer, q_seq, cache))
         # as presets/qlora.yaml trains (gradient checkpointing on), and LoRA on the same terms
         q_specs = {"0.5B lora-bf16+gradckpt": dict(tuning="lora", weights="bfloat16", grad_ckpt=True),
-                   "0.5B qlora-nf4+gradckpt": dict(tuning="qlora", weights="bfloat16", grad_ckpt=True)}
+                   "0.5B qlora-nf4+gradckpt": dict(tuning="qlora", weights="bfloat16", grad_ckpt=True),
+                   "0.5B qlora-nf4+gradckpt+frozen-bf16": dict(tuning="qlora", weights="bfloat16", grad_ckpt=True,
+                                                               frozen_bf16=True)}
         if not quick:
             q_specs.update({"0.5B lora-bf16": dict(tuning="lora", weights="bfloat16"),
-                            "0.5B qlora-nf4": dict(tuning="qlora", weights="bfloat16"),
-                            "0.5B qlora-nf4+gradckpt+frozen-bf16": dict(tuning="qlora", weights="bfloat16",
-                                                                        grad_ckpt=True, frozen_bf16=True)})
+                            "0.5B qlora-nf4": dict(tuning="qlora", weights="bfloat16")})
         for name, extra in q_specs.items():
             spec = dict(model_dir=str(big), blocks=str(q_blocks), batch=q_batch, seq_len=q_seq, mask_ratio=args.mask_ratio,
                         objective=args.objective, steps=1 if quick else 2, device=device, route="adapt", amp=True,
