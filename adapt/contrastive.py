@@ -228,17 +228,6 @@ def set_dropout(model, p: float) -> int:
     return n
 
 
-def keep_4bit_trainable(model) -> int:
-    """Stop bitsandbytes from repacking 4-bit weights for its CPU inference kernel: it does so on the first
-    eval-mode forward without grad (the bidirectionality probe, an evaluation), and that kernel has no
-    backward, so the gradient through every frozen 4-bit layer would then be silently lost."""
-    n = 0
-    for module in model.modules():
-        if getattr(module, "support_avx512bf16_for_cpu", False):
-            module.support_avx512bf16_for_cpu, n = False, n + 1
-    return n
-
-
 # ---------------------------------------------------------------------------------------- losses
 
 def info_nce(queries: torch.Tensor, docs: torch.Tensor, targets: torch.Tensor, temperature: float,
@@ -565,7 +554,6 @@ def train_contrastive(cfg: RunConfig, out, *, resume: bool = False, overwrite: b
     set_seed(cfg.train.seed)
     with _quiet_transformers():
         model, tokenizer = load_decoder(cfg.model, cfg.tuning)
-    keep_4bit_trainable(model)
     probe_before = assert_bidirectional(model, where="before contrastive training")
     dropout = c.dropout if c.dropout is not None else (0.1 if c.loss == "simcse" else None)
     n_dropouts = set_dropout(model, dropout) if dropout is not None else None

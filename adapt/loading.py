@@ -133,6 +133,17 @@ def load_tokenizer(cfg: ModelConfig, source: Source | None = None):
     return tok
 
 
+def keep_4bit_trainable(model) -> int:
+    """Stop bitsandbytes from repacking 4-bit weights for its CPU inference kernel. It repacks on the
+    first eval-mode forward without grad (the bidirectionality probe, an evaluation), and that kernel
+    has no backward: the gradient through every frozen 4-bit layer would then be silently lost."""
+    n = 0
+    for module in model.modules():
+        if getattr(module, "support_avx512bf16_for_cpu", False):
+            module.support_avx512bf16_for_cpu, n = False, n + 1
+    return n
+
+
 def load_decoder(cfg: ModelConfig, tuning: TuningConfig | None = None, *, bidirectional: bool = True,
                  device_map=None):
     """Load ``(model, tokenizer)``; the model is a ``*ForCausalLM`` made bidirectional unless told not to."""
@@ -162,6 +173,8 @@ def load_decoder(cfg: ModelConfig, tuning: TuningConfig | None = None, *, bidire
         model = AutoModelForCausalLM.from_pretrained(source.path, **kwargs)
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"cannot load weights from {source.path!r}: {e}") from None
+    if qconfig is not None:
+        keep_4bit_trainable(model)
     if source.gguf_file:
         # GGUF weights are dequantized on load; drop the marker so save_pretrained writes plain safetensors.
         if hasattr(model.config, "quantization_config"):

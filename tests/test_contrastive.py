@@ -191,7 +191,6 @@ def test_set_dropout_makes_two_views_differ(family, tokenizer):
 def test_4bit_layers_keep_their_gradient_after_an_eval_forward(tokenizer, tmp_path):
     """bitsandbytes' CPU inference repacking (triggered by the probe) must not cut the backward pass."""
     from adapt.config import ModelConfig, TuningConfig
-    from adapt.contrastive import keep_4bit_trainable
     from adapt.loading import load_decoder
     from adapt.tuning import apply_tuning
 
@@ -199,8 +198,7 @@ def test_4bit_layers_keep_their_gradient_after_an_eval_forward(tokenizer, tmp_pa
     tiny_decoder("llama", vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128).save_pretrained(path)
     tokenizer.save_pretrained(path)
     tuning = TuningConfig(method="qlora", lora_r=4, lora_alpha=8, lora_dropout=0.0)
-    model, _ = load_decoder(ModelConfig(source=str(path)), tuning)
-    keep_4bit_trainable(model)
+    model, _ = load_decoder(ModelConfig(source=str(path)), tuning)  # must guard the 4-bit layers itself
     embed = Embedder(apply_tuning(model, tuning), "mean")
     batch = tokenize(tokenizer, toy_sentences(2), 16)
     with torch.no_grad():
