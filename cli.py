@@ -52,16 +52,37 @@ def main(verbose):
 @click.option("--data", multiple=True, help="Training text: .txt, .jsonl, .parquet, a folder, hf:NAME, gensim:FILE. Repeatable.")
 @click.option("--objective", help="mlm, mntp or clm (mixtures and phases: in a preset or --set objective.schedule=...).")
 @click.option("--tuning", type=click.Choice(["full", "lora", "qlora"]), help="Full fine-tuning, LoRA or QLoRA.")
-@click.option("--max-steps", type=int, help="Optimizer steps.")
-@click.option("--resume", is_flag=True, help="Continue the run in OUT from its last checkpoint.")
+@click.option("--max-steps", type=int, help="Optimizer steps (every stage's, with --stages).")
+@click.option("--stages", help="Chain stages, e.g. mlm,simcse or mntp,contrastive (kinds: mlm, mntp, simcse, "
+              "contrastive); each starts from the one before. Per stage: --set KIND.section.key=value.")
+@click.option("--pairs", type=click.Path(dir_okay=False), help="JSON lines of {query, positive, negatives?} for a "
+              "`contrastive` stage.")
+@click.option("--resume", is_flag=True, help="Continue the run in OUT from its last checkpoint (finished stages are kept).")
 @click.option("--overwrite", is_flag=True, help="Replace whatever OUT holds.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override any setting, e.g. train.lr=1e-4.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @_friendly
-def convert(model, out, preset, data, objective, tuning, max_steps, resume, overwrite, overrides, quiet):
-    """Convert MODEL (a folder, hub id, .gguf file or py:PACKAGE) into a bidirectional encoder at OUT."""
-    from adapt.convert import convert as run
+def convert(model, out, preset, data, objective, tuning, max_steps, stages, pairs, resume, overwrite, overrides, quiet):
+    """Convert MODEL (a folder, hub id, .gguf file or py:PACKAGE) into a bidirectional encoder at OUT.
 
+    With --stages (or a preset naming stages, e.g. llm2vec: MNTP then SimCSE) the stages run in turn
+    under OUT/stages/ and the last one's encoder is published at OUT."""
+    from adapt.convert import convert as run
+    from adapt.stages import run_stages, uses_stages
+
+    if uses_stages(stages=stages, pairs=pairs, preset=preset):
+        result = run_stages(model, out, stages=stages, pairs=pairs, preset=preset, overrides=list(overrides),
+                            data=list(data) or None, objective=objective, tuning=tuning, max_steps=max_steps,
+                            resume=resume, overwrite=overwrite, show_progress=not quiet)
+        if result.summary:
+            s = result.summary
+            click.echo(f"converted {s['source']} through {len(s['stages'])} stages -> {result.out}")
+            for name in s["stages"]:
+                st = s["per_stage"].get(name) or {}
+                evals = ", ".join(f"{k} {v:.4f}" for k, v in sorted((st.get("final_eval") or {}).items()))
+                click.echo(f"  {name}: {st.get('steps')} steps{', ' + evals if evals else ''}")
+            click.echo(f"  probe after reload: first-token change {s['probe_after']['unpadded']:.3g} (bidirectional)")
+        return
     result = run(model, out, preset=preset, overrides=list(overrides), data=list(data) or None, objective=objective,
                  tuning=tuning, max_steps=max_steps, resume=resume, overwrite=overwrite, show_progress=not quiet)
     if result.summary:
@@ -130,7 +151,8 @@ def _prompts(items):
 @click.option("--prompt", "prompts", multiple=True, metavar="NAME=TEXT", help="Named prompt, e.g. query='query: '.")
 @_friendly
 def export(source, out, pooling, normalize, max_seq_length, dtype, prompts):
-    """Write an embedding encoder from SOURCE (a converted run, an encoder, or OUT/run/checkpoints/step-N)."""
+    """Write an embedding encoder from SOURCE: a converted run or an encoder, or a training checkpoint
+    (OUT/run/checkpoints/step-N; OUT/run/checkpoints for the newest), rebuilt from the run's config."""
     from adapt.export import export_from_path
 
     path = export_from_path(source, out, pooling=pooling, normalize=normalize, max_seq_length=max_seq_length,

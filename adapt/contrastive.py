@@ -43,6 +43,7 @@ from adapt.train import Trainer
 
 log = logging.getLogger(__name__)
 
+DATA_FINGERPRINT = "data.json"  # in a contrastive run's run/ folder: what it trained on (checked on --resume)
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+")
 
 
@@ -543,7 +544,7 @@ def train_contrastive(cfg: RunConfig, out, *, resume: bool = False, overwrite: b
     fingerprint = {"examples": counts["examples"], "train": data_fingerprint(train), "eval": data_fingerprint(held)}
     if acc.is_main_process:
         _prepare_out(out, cfg, resume=resume, overwrite=overwrite)
-        saved = run_dir / "data.json"
+        saved = run_dir / DATA_FINGERPRINT
         if resume and saved.is_file() and json.loads(saved.read_text()) != fingerprint:
             raise DataError(f"--resume: the training data differ from the data {out} was trained on (its examples "
                             "changed); resume with the same data, or use --overwrite")

@@ -162,12 +162,10 @@ def _probe_saved(out: Path):
     """Reload OUT through plain transformers (as a user would) and prove it is still bidirectional."""
     from transformers import AutoModel
 
-    from adapt.arch import facts_for
     from adapt.bidirectional import assert_bidirectional
 
     config = json.loads((out / "config.json").read_text())
     if config.get("is_causal", True) is not False:
         raise NotBidirectionalError(f"{out}/config.json does not say is_causal: false")
-    attn = facts_for(config.get("model_type", "")).attn_implementations[0]
-    model = AutoModel.from_pretrained(str(out), attn_implementation=attn)
+    model = AutoModel.from_pretrained(str(out))  # as a user loads it: no arguments (export pins attention)
     return assert_bidirectional(model, where=f"{out} reloaded with transformers")

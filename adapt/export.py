@@ -62,6 +62,22 @@ def preferred_attention(config) -> str:
     return facts_for(config).attn_implementations[0]
 
 
+def pin_attention(folder, attn: str) -> None:
+    """Write ``attn_implementation`` into ``folder/config.json`` when it is not transformers' default.
+
+    ``save_pretrained`` does not persist it, but ``from_pretrained`` reads it from config.json, so a plain
+    ``AutoModel.from_pretrained(folder)`` (or pipeline) then runs the implementation under which the
+    family honours ``is_causal=False`` (StableLM's SDPA path stays causal without padding). An explicit
+    ``attn_implementation=`` still overrides it.
+    """
+    if attn == "sdpa":
+        return
+    path = Path(folder) / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["attn_implementation"] = attn
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
 def prepare_tokenizer(tokenizer, folder: Path, max_seq_length: int | None):
     """Save a copy of ``tokenizer`` to ``folder`` with right padding, a pad token and a max length."""
     from transformers import AutoTokenizer
@@ -153,6 +169,7 @@ def _build(stage: Path, built: Path, *, pooling, normalize, prompts, attn, dtype
     st = SentenceTransformer(modules=modules, prompts=dict(prompts or {}), similarity_fn_name="cosine",
                              device="cpu")
     st.save(str(built), create_model_card=False)
+    pin_attention(built, attn)
     if attn != "sdpa":
         # transformers does not persist the attention implementation in config.json, but
         # sentence-transformers passes these model_kwargs to from_pretrained on every load.
@@ -255,7 +272,7 @@ def _read_json(path: Path) -> dict:
 
 
 def _model_folder(source: Path) -> Path:
-    """The transformers model folder inside ``source`` (itself, or a checkpoint's ``model/``)."""
+    """The transformers model folder inside ``source`` (itself, or a ``model/`` in it)."""
     for candidate in (source, source / "model"):
         if (candidate / "config.json").is_file():
             return candidate
@@ -278,16 +295,25 @@ def export_from_path(source, out_dir, *, pooling: str | None = None, normalize: 
                      card: dict | None = None) -> Path:
     """``adapt export SOURCE -o DIR``: re-export a converted run folder, an exported encoder or a checkpoint.
 
-    ``SOURCE`` is a folder with ``config.json`` + safetensors (a converted/exported encoder, or a
-    checkpoint ``OUT/run/checkpoints/step-N`` holding ``model/``). Settings left as None are taken
-    from the source's previous export (``adapt_export.json``), else mean pooling, no normalization,
-    512 tokens, no prompts. The source must already be bidirectional (``is_causal: false``).
+    ``SOURCE`` is a folder with ``config.json`` + safetensors (a converted/exported encoder), or a
+    training checkpoint ``OUT/run/checkpoints/step-N`` (or ``OUT/run/checkpoints``: the newest; also
+    ``OUT`` of a run that died before its export), rebuilt by :mod:`adapt.checkpoint`. Settings left
+    as None are taken from the source's previous export (``adapt_export.json``) or, for a checkpoint,
+    from the run's ``export`` section; else mean pooling, no normalization, 512 tokens, no prompts.
+    The source must already be bidirectional (``is_causal: false``).
     """
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
     source = Path(source)
     if not source.is_dir():
         raise ModelLoadError(f"{source} is not a folder")
+    if not (source / "config.json").is_file():
+        from adapt.checkpoint import find_checkpoint
+
+        ckpt = find_checkpoint(source)
+        if ckpt is not None:
+            return _export_checkpoint(ckpt, out_dir, pooling=pooling, normalize=normalize,
+                                      max_seq_length=max_seq_length, prompts=prompts, dtype=dtype, card=card)
     model_dir = _model_folder(source)
     previous = _read_json(model_dir / MANIFEST)
     try:
@@ -311,6 +337,26 @@ def export_from_path(source, out_dir, *, pooling: str | None = None, normalize: 
         dtype=dtype if dtype is not None else previous.get("dtype"),
         card={**previous.get("card", {}), **(card or {})},
         source=previous.get("source") or str(source))
+
+
+def _export_checkpoint(ckpt: Path, out_dir, *, pooling, normalize, max_seq_length, prompts, dtype, card) -> Path:
+    """Export a training checkpoint: the run rebuilt from its config, LoRA merged; settings default to the run's."""
+    from adapt.checkpoint import load_checkpoint_model
+
+    loaded = load_checkpoint_model(ckpt)
+    cfg, run_dir = loaded.config, ckpt.parent.parent
+    summary = _read_json(run_dir / "summary.json")
+    facts = {"source": cfg.model.source, "checkpoint": f"{ckpt.name} (step {loaded.step} of {cfg.train.max_steps})",
+             "objective": cfg.objective.schedule, "tuning": cfg.tuning.method, "recipe": cfg.to_dict()}
+    if summary.get("final_eval"):
+        facts["final_eval (end of the run)"] = summary["final_eval"]
+    exp = cfg.export
+    return export_encoder(loaded.model, loaded.tokenizer, out_dir, pooling=pooling or exp.pooling,
+                          normalize=exp.normalize if normalize is None else normalize,
+                          max_seq_length=max_seq_length or exp.max_seq_length,
+                          prompts=(exp.prompts or None) if prompts is None else prompts,
+                          dtype=dtype if dtype is not None else exp.dtype, card={**facts, **(card or {})},
+                          source=cfg.model.source)
 
 
 def render_card(name: str, manifest: dict) -> str:

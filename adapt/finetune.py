@@ -36,7 +36,7 @@ from adapt.arch import facts_for
 from adapt.bidirectional import assert_bidirectional, prepare_config
 from adapt.embed_io import _lines, read_records, read_texts
 from adapt.errors import ConfigError, DataError, ModelLoadError, OutputExistsError
-from adapt.export import preferred_attention, read_st_settings
+from adapt.export import pin_attention, preferred_attention, read_st_settings
 from adapt.io_utils import atomic_path
 
 MARKER = "adapt_classifier.json"
@@ -262,9 +262,9 @@ def _save_classifier(model, tokenizer, out_dir: Path, metrics: dict) -> None:
     with atomic_path(out_dir) as tmp:
         model.config.architectures = [type(model).__name__]
         model.save_pretrained(tmp)
+        pin_attention(tmp, preferred_attention(model.config))
         tokenizer.save_pretrained(tmp)
-        reloaded = AutoModelForSequenceClassification.from_pretrained(
-            tmp, attn_implementation=preferred_attention(model.config))
+        reloaded = AutoModelForSequenceClassification.from_pretrained(tmp)  # as a user loads it: no arguments
         metrics["probe"] = assert_bidirectional(reloaded, where=f"classifier {out_dir}").to_dict()
         (tmp / MARKER).write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
 

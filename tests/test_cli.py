@@ -71,3 +71,26 @@ def test_two_process_ddp_on_cpu(tiny_model_dir, tmp_path):
     summary = json.loads((out / "run/summary.json").read_text())
     assert summary["tokens"] == 4 * 2 * 32 * 2  # steps x batch x seq_len x processes
     assert summary["probe_after"]["bidirectional"]
+
+
+def test_convert_cli_runs_stages_with_pairs(tiny_model_dir, tmp_path):
+    """`adapt convert --stages mlm,contrastive --pairs FILE`: two stages, one published encoder."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(CORPUS * 4)
+    pairs = tmp_path / "pairs.jsonl"
+    lines = [{"query": f"what is item {i}", "positive": f"item {i} is a thing number {i}",
+              "negatives": [f"item {i + 1} is another thing"]} for i in range(12)]
+    pairs.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "out"
+    args = ["convert", str(tiny_model_dir), "-o", str(out), "--preset", "tiny-stages", "--data", str(corpus),
+            "--stages", "mlm,contrastive", "--pairs", str(pairs), "--set", "contrastive.train.max_steps=2", "--quiet"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "through 2 stages" in result.output and "2-contrastive: 2 steps" in result.output
+    summary = json.loads((out / "run/summary.json").read_text())
+    assert summary["stages"] == ["1-mlm", "2-contrastive"] and summary["probe_after"]["bidirectional"]
+    assert (out / "modules.json").exists() and (out / "stages/2-contrastive/run/summary.json").exists()
+    # --pairs without a contrastive stage is a clear error, not a traceback
+    bad = CliRunner().invoke(main, ["convert", str(tiny_model_dir), "-o", str(tmp_path / "o2"), "--preset", "tiny",
+                                    "--data", str(corpus), "--stages", "mlm,simcse", "--pairs", str(pairs)])
+    assert bad.exit_code == 2 and "--pairs is used by a `contrastive` stage" in bad.output

@@ -115,7 +115,7 @@ def test_export_that_comes_back_causal_is_refused(bidir, tokenizer, tmp_path, mo
     assert json.loads((out / "config.json").read_text())["is_causal"] is False
 
 
-@pytest.mark.parametrize("family", ["stablelm", "gpt2", "qwen2"])
+@pytest.mark.parametrize("family", ["stablelm", "gemma2", "gpt2", "qwen2"])
 def test_families_round_trip(family, tokenizer, tmp_path):
     model = make_bidirectional(tiny_decoder(family, vocab_size=len(tokenizer),
                                             attn_implementation=facts_for(family).attn_implementations[0]))
@@ -128,6 +128,8 @@ def test_families_round_trip(family, tokenizer, tmp_path):
     assert st[0].auto_model.config._attn_implementation == preferred
     assert probe(st[0].auto_model).bidirectional
     assert cosines(st.encode(TEXTS, batch_size=2), load_encoder(out).encode(TEXTS)).min() > 0.9999
+    plain = AutoModel.from_pretrained(out)  # no arguments: config.json pins the attention where it matters
+    assert plain.config._attn_implementation == preferred and probe(plain).bidirectional
 
 
 def test_dtype_and_missing_pad_token(bidir, tokenizer, tmp_path):
@@ -158,12 +160,81 @@ def test_export_from_path(bidir, tokenizer, tmp_path):
     assert json.loads((again / "1_Pooling" / "config.json").read_text())["pooling_mode"] == "lasttoken"
     assert st.prompts == PROMPTS and st[0].auto_model.dtype == torch.float16
     assert "| objective | mlm |" in (again / "README.md").read_text()
-    # a checkpoint: OUT/run/checkpoints/step-N/model/ with the tokenizer higher up
-    step = tmp_path / "out" / "run" / "checkpoints" / "step-5"
-    bidir.save_pretrained(step / "model")
+    # a transformers folder with the tokenizer higher up (OUT/model/ next to OUT's tokenizer)
+    bidir.save_pretrained(tmp_path / "out" / "model")
     tokenizer.save_pretrained(tmp_path / "out")
-    exported = export_from_path(step, tmp_path / "from-ckpt")
+    exported = export_from_path(tmp_path / "out", tmp_path / "from-sub")
     assert probe(SentenceTransformer(str(exported), device="cpu")[0].auto_model).bidirectional
+
+
+SENTENCES = ["the cat sat on the mat", "a decoder became an encoder today", "stock markets fell sharply"]
+
+
+def _same_vectors(a, b):
+    ea = SentenceTransformer(str(a), device="cpu").encode(SENTENCES, convert_to_tensor=True)
+    eb = SentenceTransformer(str(b), device="cpu").encode(SENTENCES, convert_to_tensor=True)
+    return float(torch.nn.functional.cosine_similarity(ea, eb).min())
+
+
+@pytest.mark.parametrize("tuning", ["full", "lora", "qlora"])
+def test_export_from_a_training_checkpoint(tiny_model_dir, tmp_path, tuning):
+    """A checkpoint of the last step exports the same encoder as the run's own export; an earlier one differs."""
+    from adapt.convert import convert
+    from tests.tiny import CORPUS
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(CORPUS * 4)
+    out = tmp_path / "run"
+    convert(str(tiny_model_dir), out, preset="tiny", data=[str(corpus)], tuning=tuning, show_progress=False,
+            overrides=["train.keep_checkpoints=2", "tuning.lora_r=4"])
+    last, earlier = out / "run/checkpoints/step-000004", out / "run/checkpoints/step-000002"
+    assert last.is_dir() and earlier.is_dir()
+    exported = export_from_path(last, tmp_path / "from-last", pooling="lasttoken")
+    st = SentenceTransformer(str(exported), device="cpu")
+    assert probe(st[0].auto_model).bidirectional
+    assert json.loads((exported / "1_Pooling/config.json").read_text())["pooling_mode"] == "lasttoken"
+    card = (exported / "README.md").read_text()
+    assert "step-000004 (step 4 of 4)" in card and tuning in card
+    same = export_from_path(last, tmp_path / "from-last-mean")  # the run's pooling, as OUT was exported
+    floor = 0.999 if tuning == "qlora" else 0.99999  # QLoRA: trained on 4-bit weights, merged into the unquantized base
+    assert _same_vectors(same, out) > floor
+    # the checkpoints folder means its newest checkpoint; an earlier step is another model
+    newest = export_from_path(out / "run/checkpoints", tmp_path / "newest")
+    assert _same_vectors(newest, same) > 0.99999
+    assert _same_vectors(export_from_path(earlier, tmp_path / "from-earlier"), out) < 0.99999
+
+
+def test_export_from_a_contrastive_stage_checkpoint(tiny_model_dir, tmp_path):
+    from adapt.stages import run_stages
+    from tests.tiny import CORPUS
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n\n".join([CORPUS] * 4 + [f"sentence number {i} says something new here." for i in range(40)]))
+    out = tmp_path / "chain"
+    run_stages(str(tiny_model_dir), out, preset="tiny-stages", data=[str(corpus)], stages="mlm,simcse",
+               show_progress=False)
+    ckpt = out / "stages/2-simcse/run/checkpoints/step-000004"
+    exported = export_from_path(ckpt, tmp_path / "from-simcse")
+    assert _same_vectors(exported, out) > 0.99999
+
+
+def test_export_from_a_checkpoint_refuses_what_it_cannot_rebuild(tiny_model_dir, tmp_path):
+    from adapt.convert import convert
+    from tests.tiny import CORPUS
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(CORPUS * 4)
+    out = tmp_path / "run"
+    convert(str(tiny_model_dir), out, preset="tiny", data=[str(corpus)], show_progress=False)
+    ckpt = out / "run/checkpoints/step-000004"
+    (ckpt / "model.safetensors").rename(ckpt / "elsewhere.safetensors")
+    with pytest.raises(ModelLoadError, match="has no model.safetensors"):
+        export_from_path(ckpt, tmp_path / "x")
+    (ckpt / "elsewhere.safetensors").rename(ckpt / "model.safetensors")
+    (out / "run/config.yaml").write_text((out / "run/config.yaml").read_text().replace("method: full", "method: lora"))
+    with pytest.raises(ModelLoadError, match="do not match the model its run config describes"):
+        export_from_path(ckpt, tmp_path / "y")
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 
 def test_export_from_path_refuses_bad_sources(tokenizer, tmp_path, tiny_model_dir):

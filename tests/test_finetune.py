@@ -131,3 +131,16 @@ def test_bad_inputs(encoder_dir, data, tmp_path):
     with pytest.raises(OutputExistsError):
         finetune(encoder_dir, data / "train.jsonl", tmp_path / "taken", show_progress=False)
     assert torch.get_num_threads() >= 1
+
+
+def test_stablelm_classifier_loads_bidirectional_without_arguments(data, tmp_path):
+    """StableLM's SDPA path ignores is_causal=False without padding: the folder must pin eager itself."""
+    from tests.tiny import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    model = make_bidirectional(tiny_decoder("stablelm", vocab_size=len(tok), attn_implementation="eager"))
+    enc = export_encoder(model, tok, tmp_path / "enc")
+    out = tmp_path / "clf"
+    finetune(enc, data / "train.jsonl", out, epochs=1, lr=3e-3, batch_size=8, show_progress=False)
+    plain = AutoModelForSequenceClassification.from_pretrained(out)
+    assert plain.config._attn_implementation == "eager" and probe(plain).bidirectional
