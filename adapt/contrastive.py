@@ -28,7 +28,6 @@ import hashlib
 import json
 import logging
 import re
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -526,7 +525,7 @@ def train_contrastive(cfg: RunConfig, out, *, resume: bool = False, overwrite: b
     from adapt.io_utils import atomic_write_json, atomic_write_text
     from adapt.loading import load_decoder
     from adapt.train import plot_metrics
-    from adapt.tuning import apply_tuning, merged_model, trainable_parameters
+    from adapt.tuning import apply_tuning, save_adapter_and_merge, trainable_parameters
 
     t0 = time.perf_counter()
     c = cfg.contrastive
@@ -573,17 +572,11 @@ def train_contrastive(cfg: RunConfig, out, *, resume: bool = False, overwrite: b
     summary = {}
     if acc.is_main_process:
         model = acc.unwrap_model(trainer.wrapper).model
-        adapter_dir = None
-        if cfg.tuning.method != "full":
-            adapter_dir = run_dir / "adapter"
-            shutil.rmtree(adapter_dir, ignore_errors=True)
-            model.save_pretrained(str(adapter_dir), safe_serialization=True)
-
         def load_base():
             with _quiet_transformers():
                 return load_decoder(cfg.model, None)[0]
 
-        merged = merged_model(model, cfg.tuning, adapter_dir=adapter_dir, load_base=load_base)
+        merged = save_adapter_and_merge(model, cfg.tuning, run_dir, load_base)
         merged.eval()
         prompts = dict(cfg.export.prompts or {})
         if c.loss == "pairs" and (c.query_prompt or c.document_prompt):

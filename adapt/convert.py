@@ -99,7 +99,7 @@ def convert(source: str | None, out: str | Path, *, preset: str | None = None, o
     from adapt.data import build_token_store
     from adapt.loading import load_decoder, setup_mask_token
     from adapt.train import Trainer, plot_metrics
-    from adapt.tuning import apply_tuning, merged_model, trainable_parameters
+    from adapt.tuning import apply_tuning, save_adapter_and_merge, trainable_parameters
 
     from accelerate.utils import set_seed
 
@@ -123,18 +123,12 @@ def convert(source: str | None, out: str | Path, *, preset: str | None = None, o
     summary = {}
     if acc.is_main_process:
         model = acc.unwrap_model(trainer.wrapper).model
-        adapter_dir = None
-        if cfg.tuning.method != "full":
-            adapter_dir = run_dir / "adapter"
-            shutil.rmtree(adapter_dir, ignore_errors=True)
-            model.save_pretrained(str(adapter_dir), safe_serialization=True)
-
         def load_base():  # QLoRA merges into an unquantized copy of the base, mask row included
             base, base_tokenizer = load_decoder(cfg.model, None)
             setup_mask_token(base, base_tokenizer, cfg.model.mask_token)
             return base
 
-        merged = merged_model(model, cfg.tuning, adapter_dir=adapter_dir, load_base=load_base)
+        merged = save_adapter_and_merge(model, cfg.tuning, run_dir, load_base)
         tokenizer.padding_side = "right"
         plot = plot_metrics(result.metrics_path, run_dir / "loss.png")
         summary = {

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 
 import torch
@@ -35,9 +36,12 @@ def apply_tuning(model, tuning: TuningConfig, *, new_token_ids: list[int] = ()):
     if tuning.method == "qlora":
         if not getattr(model, "is_quantized", False) and getattr(model, "hf_quantizer", None) is None:
             raise ConfigError("tuning.method=qlora needs a model loaded with quantization (load_decoder(..., tuning))")
-        model = prepare_model_for_kbit_training(
-            model, use_gradient_checkpointing=tuning.gradient_checkpointing,
-            gradient_checkpointing_kwargs={"use_reentrant": False})
+        if tuning.kbit_fp32 == "all":
+            model = prepare_model_for_kbit_training(
+                model, use_gradient_checkpointing=tuning.gradient_checkpointing,
+                gradient_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            prepare_kbit_lean(model, tuning.gradient_checkpointing)
     elif tuning.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
@@ -52,6 +56,35 @@ def apply_tuning(model, tuning: TuningConfig, *, new_token_ids: list[int] = ()):
         raise ConfigError(f"LoRA could not attach to this model ({e}); set tuning.target_modules=all-linear "
                           "or list module names") from None
     return peft_model
+
+
+def _cast_to_weight_dtype(module, args):
+    hidden = args[0]
+    if hidden.dtype != module.weight.dtype and not torch.is_autocast_enabled(hidden.device.type):
+        return (hidden.to(module.weight.dtype), *args[1:])
+    return None
+
+
+def prepare_kbit_lean(model, gradient_checkpointing: bool) -> None:
+    """peft's ``prepare_model_for_kbit_training`` without doubling the big frozen tensors.
+
+    peft casts every frozen weight that is not quantized to fp32, for fp16 stability. In a decoder
+    those are the norms and biases (small) and the embeddings and LM head (a 49k x 1024 vocabulary
+    is 200 MB in fp32, more than the 4-bit layers of a 0.5B model). Here only the 1-D ones (norms,
+    biases) go to fp32, as peft would make them; the embeddings and head keep the loaded dtype
+    (bf16 by default). The rest is as peft does: everything frozen, gradient checkpointing with
+    inputs that require grad, so the gradient reaches the adapters through frozen layers.
+    """
+    model.requires_grad_(False)
+    for param in model.parameters():
+        if param.ndim == 1 and param.dtype in (torch.float16, torch.bfloat16) and type(param).__name__ != "Params4bit":
+            param.data = param.data.float()
+    head = model.get_output_embeddings()
+    if head is not None:  # the residual stream is fp32 after the fp32 norms; the head keeps its dtype
+        head.register_forward_pre_hook(_cast_to_weight_dtype)
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
 
 
 def trainable_parameters(model) -> tuple[int, int]:
@@ -77,3 +110,13 @@ def merged_model(model, tuning: TuningConfig, *, adapter_dir: Path | None = None
     base = load_base()
     merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
     return merged.to(torch.float32) if merged.dtype != torch.float32 and base.device.type == "cpu" else merged
+
+
+def save_adapter_and_merge(model, tuning: TuningConfig, run_dir: Path, load_base):
+    """End of a run: save the LoRA adapter to ``run_dir/adapter`` (LoRA/QLoRA), return the merged model."""
+    adapter_dir = None
+    if tuning.method != "full":
+        adapter_dir = Path(run_dir) / "adapter"
+        shutil.rmtree(adapter_dir, ignore_errors=True)
+        model.save_pretrained(str(adapter_dir), safe_serialization=True)
+    return merged_model(model, tuning, adapter_dir=adapter_dir, load_base=load_base)

@@ -1,5 +1,4 @@
 """Loading decoders: folders, bad inputs, pickle refusal, and the mask-token policy."""
-import json
 
 import pytest
 import torch

@@ -2,7 +2,7 @@
 import pytest
 import yaml
 
-from adapt.config import RunConfig, apply_overrides, build_config, list_presets, load_preset
+from adapt.config import RunConfig, build_config, list_presets, load_preset
 from adapt.errors import ConfigError
 
 REQUIRED = {"llm2vec-mntp", "mlm-40", "clm-then-mlm", "mix-50-50", "qlora", "tiny", "demo"}

@@ -73,3 +73,24 @@ def test_lora_merge_keeps_outputs(tiny_model_dir):
         merged = merged_model(model, tuning)
         out = merged(input_ids=inputs).logits
     assert torch.allclose(ref, out, atol=1e-4)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_lean_qlora_matches_peft_preparation(tiny_model_dir, checkpointing):
+    """kbit_fp32=norms (embeddings and head stay bf16) trains like peft's all-fp32 preparation, in less memory."""
+    runs = {}
+    for mode in ("all", "norms"):
+        tuning = TuningConfig(method="qlora", lora_r=8, lora_alpha=16, lora_dropout=0.0, kbit_fp32=mode,
+                              gradient_checkpointing=checkpointing)
+        torch.manual_seed(0)
+        model, tok = load_decoder(ModelConfig(source=str(tiny_model_dir)), tuning)
+        mask = setup_mask_token(model, tok, "auto")
+        model = apply_tuning(model, tuning, new_token_ids=[mask.id])
+        emb = model.get_input_embeddings()
+        emb = getattr(getattr(emb, "token_adapter", emb), "base_layer", emb)
+        runs[mode] = (_train_steps(model, *_fixed_batch(tok, mask.id, len(tok)), steps=6),
+                      emb.weight.dtype, sum(p.numel() * p.element_size() for p in model.parameters()))
+    (peft_losses, peft_dtype, peft_bytes), (lean_losses, lean_dtype, lean_bytes) = runs["all"], runs["norms"]
+    assert peft_dtype == torch.float32 and lean_dtype == torch.bfloat16 and lean_bytes < peft_bytes
+    assert abs(lean_losses[0] - peft_losses[0]) < 0.02 * peft_losses[0], (lean_losses, peft_losses)
+    assert lean_losses[-1] < lean_losses[0] - 0.2 and abs(lean_losses[-1] - peft_losses[-1]) < 0.1 * peft_losses[0]

@@ -67,7 +67,7 @@ def markdown(rows: list[dict], title: str = "Benchmark") -> str:
     for m in models:
         scores = [values.get((t, m)) for t in tasks]
         averages.append(_fmt(sum(scores) / len(scores)) if scores and None not in scores else "-")
-    lines.append(f"| **average** | | " + " | ".join(f"**{a}**" for a in averages) + " |")
+    lines.append("| **average** | | " + " | ".join(f"**{a}**" for a in averages) + " |")
     return "\n".join(lines) + "\n"
 
 
