@@ -359,6 +359,24 @@ def _export_checkpoint(ckpt: Path, out_dir, *, pooling, normalize, max_seq_lengt
                           source=cfg.model.source)
 
 
+def record_bench(folder, scores: dict[str, str]) -> bool:
+    """Put ``scores`` (``{"task (metric)": "value ..."}``) in the model card of an encoder adapt exported.
+
+    Rewrites ``adapt_export.json`` and ``README.md`` (each atomically); the weights are not touched.
+    Returns False, changing nothing, for a folder adapt did not export.
+    """
+    from adapt.io_utils import atomic_write_text
+
+    folder = Path(folder)
+    manifest = _read_json(folder / MANIFEST)
+    if not manifest.get("adapt_export") or not scores:
+        return False
+    manifest["card"] = {**(manifest.get("card") or {}), "bench": dict(scores)}
+    atomic_write_text(folder / "README.md", render_card(folder.name, manifest))
+    atomic_write_text(folder / MANIFEST, json.dumps(manifest, indent=2, default=str) + "\n")
+    return True
+
+
 def render_card(name: str, manifest: dict) -> str:
     """The model card (README.md) from ``manifest["card"]``, the dict the caller passes: ``final_eval``
     / ``metrics`` (final training figures), ``bench`` (``{task: score}``), ``recipe`` (the full run

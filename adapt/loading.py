@@ -144,6 +144,29 @@ def keep_4bit_trainable(model) -> int:
     return n
 
 
+def release_load_memory(model) -> None:
+    """After a quantized load on the CPU: own the weights that were not quantized, and give freed heap back.
+
+    transformers memory-maps the safetensors file; the embeddings, norms and head of a 4/8-bit model
+    would keep that whole mapping (every page of it was read to quantize) resident for the life of the
+    model: 0.65 GB of RSS for a 0.5B model. Copying those few tensors lets the mapping go. glibc also
+    keeps the heap pages the quantization freed; ``malloc_trim`` returns them (measured in
+    benchmarks/train_throughput.py: RSS after a 0.5B QLoRA load 1.54 GB -> 0.86 GB).
+    """
+    for param in model.parameters():
+        if param.device.type == "cpu" and type(param).__name__ not in ("Params4bit", "Int8Params"):
+            param.data = param.data.clone()
+    import gc
+
+    gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
+
+
 def load_decoder(cfg: ModelConfig, tuning: TuningConfig | None = None, *, bidirectional: bool = True,
                  device_map=None):
     """Load ``(model, tokenizer)``; the model is a ``*ForCausalLM`` made bidirectional unless told not to."""
@@ -175,6 +198,7 @@ def load_decoder(cfg: ModelConfig, tuning: TuningConfig | None = None, *, bidire
         raise ModelLoadError(f"cannot load weights from {source.path!r}: {e}") from None
     if qconfig is not None:
         keep_4bit_trainable(model)
+        release_load_memory(model)
     if source.gguf_file:
         # GGUF weights are dequantized on load; drop the marker so save_pretrained writes plain safetensors.
         if hasattr(model.config, "quantization_config"):

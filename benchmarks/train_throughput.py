@@ -60,7 +60,7 @@ import torch  # noqa: E402
 CACHE = REPO / ".cache" / "train_throughput"
 RESULTS = REPO / "benchmarks" / "results"
 DEFAULT_LLM2VEC_PYTHON = "/work/llm2vec-venv/bin/python"
-HEADLINE = ("adapt-full-bf16", "hf-trainer-full-bf16")
+HEADLINE = ("adapt-full-bf16+fused", "hf-trainer-full-bf16")  # adapt as it ships (fused AdamW) vs the usual route
 
 
 # ------------------------------------------------------------------------------------------ machine
@@ -213,7 +213,7 @@ def adamw(params, lr: float, fused: bool):
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, **({"fused": True} if fused else {}))  # adapt.train: no flag
+    return torch.optim.AdamW(groups, lr=lr, **({"fused": True} if fused else {}))  # adapt.train: fused where it runs
 
 
 class AdaptRunner(Runner):
@@ -546,7 +546,7 @@ def memory_worker(spec: dict) -> dict:
     import transformers  # noqa: F401
     baseline = _rss_kib()
     tuning = TuningConfig(method=spec["tuning"], lora_r=16, lora_alpha=32,
-                          gradient_checkpointing=spec.get("grad_ckpt", False))
+                          gradient_checkpointing=spec.get("grad_ckpt", False), kbit_fp32=spec.get("kbit_fp32", "norms"))
     model, tokenizer = load_decoder(ModelConfig(source=spec["model_dir"], dtype=spec["weights"],
                                                 attn_implementation=spec.get("attn")),
                                     tuning if spec["tuning"] == "qlora" else None,
@@ -555,10 +555,6 @@ def memory_worker(spec: dict) -> dict:
         model.to(device)
     shape = Shape.of(model)
     model = apply_tuning(model, tuning)
-    if spec.get("frozen_bf16"):  # proposed: keep what peft's prepare_model_for_kbit_training cast to fp32 but
-        for p in model.parameters():  # does not train (embeddings, tied head, norms) in bf16
-            if not p.requires_grad and p.dtype == torch.float32:
-                p.data = p.data.to(torch.bfloat16)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     loaded = _rss_kib()
@@ -768,8 +764,8 @@ def parse_args(argv=None):
     p.add_argument("--objective", default="mntp", choices=("mntp", "mlm"))
     p.add_argument("--mask-ratio", type=float, default=0.3)
     p.add_argument("--rounds", type=int, default=None, help="default 3 (quick) / 5")
-    p.add_argument("--steps", type=int, default=None, help="measured steps per configuration per round (default 2)")
-    p.add_argument("--budget-s", type=float, default=None, help="stop adding rounds after this (default 110 quick)")
+    p.add_argument("--steps", type=int, default=None, help="measured steps per configuration per round (default 1 quick, 2)")
+    p.add_argument("--budget-s", type=float, default=None, help="stop adding rounds after this many seconds (default: 90 quick, 1800 full)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--attn", default=None, help="attention implementation (default: the family's, sdpa for Llama)")
     p.add_argument("--llm2vec-python", default=os.environ.get("LLM2VEC_PYTHON", DEFAULT_LLM2VEC_PYTHON))
@@ -801,8 +797,8 @@ def main(argv=None) -> dict | None:
     quick = args.quick
     batch = args.batch or (32 if cuda else (4 if quick else 8))
     rounds = args.rounds or (3 if quick else 5)
-    steps = args.steps or 2
-    budget = args.budget_s if args.budget_s is not None else (110 if quick else 1800)
+    steps = args.steps or (1 if quick else 2)
+    budget = args.budget_s if args.budget_s is not None else (90 if quick else 1800)
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     peak_n = 8192 if cuda else 2048
     cache = args.cache
@@ -845,7 +841,7 @@ def main(argv=None) -> dict | None:
     is_llama = full_model.config.model_type == "llama"
     if llm2vec is None and "llm2vec-lora-bf16" not in not_run:
         if not is_llama:
-            not_run["llm2vec-lora-bf16"] = f"LLM2Vec's MNTP classes cover llama/mistral/gemma/qwen2; this worker runs llama only"
+            not_run["llm2vec-lora-bf16"] = "LLM2Vec's MNTP classes cover llama/mistral/gemma/qwen2; this worker runs llama only"
         else:
             spec = {"model_dir": str(folder), "blocks": str(blocks_file), "batch": batch, "seq_len": args.seq_len,
                     "mask_ratio": args.mask_ratio, "bf16": True, "device": device, "threads": torch.get_num_threads(),
@@ -857,33 +853,43 @@ def main(argv=None) -> dict | None:
         llm2vec = LLM2VecRunner("llm2vec-lora-bf16", args.llm2vec_python, spec, shape, lora_params,
                                 logs / "llm2vec_worker.log")
     hf_model = load()[0] if "hf" not in skip else None
+    hf_fp32_model = load()[0] if "hf" not in skip and not cuda else None  # its own model: Accelerate patches forward
 
     full_opt = adamw([p for p in full_model.parameters() if p.requires_grad], 5e-5, fused=False)
-    runners: list[Runner] = [
-        AdaptRunner("adapt-full-bf16", full_model, full_opt, blocks, batch, amp=True, shape=shape, train_base=True, **common),
-        AdaptRunner("adapt-full-fp32", full_model, full_opt, blocks, batch, amp=False, shape=shape, train_base=True, **common),
-        AdaptRunner("fulllogits-full-bf16", full_model, full_opt, blocks, batch, amp=True, shape=shape, train_base=True,
-                    head="full", notes="adapt's loop, logits at every position", **common),
-    ]
     try:
         fused_opt = adamw([p for p in full_model.parameters() if p.requires_grad], 5e-5, fused=True)
     except (RuntimeError, TypeError, ValueError) as e:  # fused AdamW needs torch >= 2.4 on CPU
         fused_opt = None
         not_run["adapt-full-bf16+fused"] = f"AdamW(fused=True) unavailable: {e}"
     fused_ok = fused_opt is not None
+    # the LM-head lever: the same loop and optimizer, logits at every position
+    runners: list[Runner] = [
+        AdaptRunner("fulllogits-full-bf16", full_model, fused_opt or full_opt, blocks, batch, amp=True, shape=shape,
+                    train_base=True, head="full", notes="adapt's loop, logits at every position", **common)]
+    if not quick or not fused_ok:  # the fused-AdamW lever end to end (quick: the optimizer step alone, under Levers)
+        runners.insert(0, AdaptRunner("adapt-full-bf16", full_model, full_opt, blocks, batch, amp=True, shape=shape,
+                                      train_base=True, notes="AdamW foreach (before adapt used the fused kernel)",
+                                      **common))
+    if not quick:  # adapt as it is today, in fp32 (quick: the fp32 lever is measured with fused AdamW only)
+        runners.insert(1, AdaptRunner("adapt-full-fp32", full_model, full_opt, blocks, batch, amp=False, shape=shape,
+                                      train_base=True, **common))
     if fused_ok:
         runners.append(AdaptRunner("adapt-full-bf16+fused", full_model, fused_opt, blocks, batch, amp=True, shape=shape,
-                                   train_base=True, notes="AdamW(fused=True) (proposed)", **common))
+                                   train_base=True, notes="AdamW(fused=True), as adapt.train ships it", **common))
         runners.append(AdaptRunner("adapt-full-fp32+fused", full_model, fused_opt, blocks, batch, amp=False, shape=shape,
-                                   train_base=True, notes="AdamW(fused=True) (proposed)", **common))
+                                   train_base=True, notes="AdamW(fused=True), as adapt.train ships it", **common))
     if hf_model is not None:
         runners.append(HFTrainerRunner("hf-trainer-full-bf16", hf_model, tokenizer, blocks, batch, ratio=args.mask_ratio,
                                        bf16=True, device=device, shape=shape, train_base=True,
                                        notes="transformers Trainer + DataCollatorForLanguageModeling"))
+        if hf_fp32_model is not None:
+            runners.append(HFTrainerRunner("hf-trainer-full-fp32", hf_fp32_model, tokenizer, blocks, batch,
+                                           ratio=args.mask_ratio, bf16=False, device=device, shape=shape, train_base=True,
+                                           notes="the usual route in fp32 (what this CPU runs fastest)"))
     else:
         not_run["hf-trainer-full-bf16"] = "skipped (--skip hf)"
     if lora_model is not None:
-        lora_opt = adamw([p for p in lora_model.parameters() if p.requires_grad], 5e-5, fused=False)
+        lora_opt = adamw([p for p in lora_model.parameters() if p.requires_grad], 5e-5, fused=fused_ok)
         runners.append(AdaptRunner("adapt-lora-bf16", lora_model, lora_opt, blocks, batch, amp=True, shape=shape,
                                    train_base=False, lora_params=lora_params, notes="LoRA r16 on q,k,v,o,gate,up,down",
                                    **common))
@@ -907,22 +913,23 @@ def main(argv=None) -> dict | None:
     if llm2vec is not None:
         llm2vec.close()
     ratios = [r for r in (paired_ratio(configs, *HEADLINE),
-                          paired_ratio(configs, "adapt-full-bf16", "fulllogits-full-bf16"),
-                          paired_ratio(configs, "adapt-full-bf16+fused", "hf-trainer-full-bf16"),
+                          paired_ratio(configs, "adapt-full-bf16+fused", "fulllogits-full-bf16"),
+                          paired_ratio(configs, "adapt-full-fp32+fused", "hf-trainer-full-fp32"),
                           paired_ratio(configs, "adapt-full-fp32+fused", "hf-trainer-full-bf16"),
                           paired_ratio(configs, "adapt-full-bf16+fused", "adapt-full-bf16"),
                           paired_ratio(configs, "adapt-full-fp32", "adapt-full-bf16"),
+                          paired_ratio(configs, "adapt-full-fp32+fused", "adapt-full-bf16+fused"),
                           paired_ratio(configs, "adapt-lora-bf16", "llm2vec-lora-bf16"),
-                          paired_ratio(configs, "adapt-lora-bf16", "adapt-full-bf16")) if r]
+                          paired_ratio(configs, "adapt-lora-bf16", "adapt-full-bf16+fused")) if r]
 
     # ---- levers measured on their own: optimizer step, data loading ----
     levers = {}
     params = [p for p in full_model.parameters() if p.requires_grad]
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3
-    opt_times = {"foreach (adapt today)": [], "fused": []}
+    opt_times = {"foreach (torch's default)": [], "fused (adapt)": []}
     for _ in range(3):
-        for label, opt in (("foreach (adapt today)", full_opt), ("fused", fused_opt if fused_ok else None)):
+        for label, opt in (("foreach (torch's default)", full_opt), ("fused (adapt)", fused_opt if fused_ok else None)):
             if opt is None:
                 continue
             sync(device)
@@ -944,8 +951,8 @@ def main(argv=None) -> dict | None:
     if "sweep" not in skip:
         sweep_opt = adamw(params, 5e-5, fused=fused_ok)
         tokens = 1024 if quick else 4096
-        seqs = [128, 512, 1024] if quick else [128, 256, 512, 1024, 2048]
-        batches = [2, 8] if quick else [1, 2, 4, 8, 16, 32]
+        seqs = [128, 1024] if quick else [128, 256, 512, 1024, 2048]
+        batches = [8] if quick else [1, 2, 4, 8, 16, 32]
         sweep_cfgs = [("bf16", True)] if quick else [("bf16", True), ("fp32", False)]
         points = {}  # (label, seq, batch) -> [sweeps it belongs to]
         for label, _ in sweep_cfgs:
@@ -960,7 +967,7 @@ def main(argv=None) -> dict | None:
             runner.sweep = (kinds, label, seq, b)
             sweep_runners.append(runner)
         # the model and optimizer are warm already: no warm-up step, one round at least
-        sweep = interleave(sweep_runners, rounds=2 if quick else 3, steps=1 if quick else 2, device=device,
+        sweep = interleave(sweep_runners, rounds=1 if quick else 3, steps=1 if quick else 2, device=device,
                            budget_s=45 if quick else 3600, min_rounds=1, peak_n=peak_n, warmup=False)
         sweep_summary = summarize(sweep_runners, sweep)
         for r in sweep_runners:
@@ -985,13 +992,12 @@ def main(argv=None) -> dict | None:
     # ---- peak memory: one subprocess per configuration ----
     memory, memory_notes = {}, []
     if "memory" not in skip:
-        mem_specs = {
-            "adapt-full-bf16": dict(route="adapt", tuning="full", weights="auto", amp=True),
-            "adapt-full-bf16+fused": dict(route="adapt", tuning="full", weights="auto", amp=True, fused=True),
-            "hf-trainer-full-bf16": dict(route="hf-trainer", tuning="full", weights="auto", amp=True),
-        }
+        mem_specs = {}  # quick: only the QLoRA / LoRA pair below (the memory target)
         if not quick:
             mem_specs.update({
+                "adapt-full-bf16+fused": dict(route="adapt", tuning="full", weights="auto", amp=True, fused=True),
+                "hf-trainer-full-bf16": dict(route="hf-trainer", tuning="full", weights="auto", amp=True),
+                "adapt-full-bf16": dict(route="adapt", tuning="full", weights="auto", amp=True),
                 "adapt-full-fp32": dict(route="adapt", tuning="full", weights="auto", amp=False),
                 "fulllogits-full-bf16": dict(route="fulllogits", tuning="full", weights="auto", amp=True),
                 "adapt-full-bf16+gradckpt": dict(route="adapt", tuning="full", weights="auto", amp=True, grad_ckpt=True),
@@ -1017,11 +1023,11 @@ def main(argv=None) -> dict | None:
         np.save(q_blocks, packed_blocks(tokenizer, q_seq, cache))
         # as presets/qlora.yaml trains (gradient checkpointing on), and LoRA on the same terms
         q_specs = {"0.5B lora-bf16+gradckpt": dict(tuning="lora", weights="bfloat16", grad_ckpt=True),
-                   "0.5B qlora-nf4+gradckpt": dict(tuning="qlora", weights="bfloat16", grad_ckpt=True),
-                   "0.5B qlora-nf4+gradckpt+frozen-bf16": dict(tuning="qlora", weights="bfloat16", grad_ckpt=True,
-                                                               frozen_bf16=True)}
+                   "0.5B qlora-nf4+gradckpt": dict(tuning="qlora", weights="bfloat16", grad_ckpt=True)}
         if not quick:
-            q_specs.update({"0.5B lora-bf16": dict(tuning="lora", weights="bfloat16"),
+            q_specs.update({"0.5B qlora-nf4+gradckpt+peft-fp32": dict(tuning="qlora", weights="bfloat16", grad_ckpt=True,
+                                                                      kbit_fp32="all"),
+                            "0.5B lora-bf16": dict(tuning="lora", weights="bfloat16"),
                             "0.5B qlora-nf4": dict(tuning="qlora", weights="bfloat16")})
         for name, extra in q_specs.items():
             spec = dict(model_dir=str(big), blocks=str(q_blocks), batch=q_batch, seq_len=q_seq, mask_ratio=args.mask_ratio,
@@ -1036,13 +1042,16 @@ def main(argv=None) -> dict | None:
             ratio = q[key] / lo[key]
             levers["QLoRA 4-bit / bf16 LoRA peak memory (0.5B, both with gradient checkpointing, "
                    + ("peak RSS over the post-import RSS)" if not cuda else "CUDA peak)")] = f"{ratio:.2f} (target <= 0.50)"
-            fb = memory.get("0.5B qlora-nf4+gradckpt+frozen-bf16", {})
+            fb = memory.get("0.5B qlora-nf4+gradckpt+peft-fp32", {})
             if key in fb:
-                levers["the same with the frozen non-4-bit weights kept in bf16 (proposed)"] = f"{fb[key] / lo[key]:.2f}"
+                levers["the same with peft's prepare_model_for_kbit_training (every frozen non-4-bit weight in fp32)"] = \
+                    f"{fb[key] / lo[key]:.2f}"
             memory_notes.append(
-                f"QLoRA: parameters take {q['param_mib']:.0f} MiB against {lo['param_mib']:.0f} MiB for bf16 LoRA. The "
-                "linear layers are 4-bit, but peft's prepare_model_for_kbit_training casts every parameter it does not "
-                "quantize (embeddings, tied LM head, norms) to fp32, which a 49k vocabulary makes large.")
+                f"QLoRA: parameters take {q['param_mib']:.0f} MiB against {lo['param_mib']:.0f} MiB for bf16 LoRA. adapt "
+                "(tuning.kbit_fp32=norms, the default) keeps the embeddings and tied LM head in bf16 and casts only norms "
+                "and biases to fp32; peft's prepare_model_for_kbit_training (kbit_fp32=all, `+peft-fp32` in the full run) "
+                "casts them all, which a 49k vocabulary makes large. bitsandbytes on CPU dequantizes each weight for every "
+                "matmul; glibc keeps part of those freed blocks, which RSS counts.")
 
     # ---- results ----
     peaks = {k: max(v) / 1e9 for k, v in measured["peaks"].items()}

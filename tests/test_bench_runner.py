@@ -242,3 +242,45 @@ def test_reference_encoder_scores_lee_like_published(tmp_path):
     name = report.rows[0]["model"]
     assert 0.45 < report.value(name, "lee-similarity") < 0.57
     assert report.value(name, "polarity-classification") > 0.65
+
+
+def test_scores_go_into_the_model_card_of_an_adapt_encoder(tmp_path, tiny_model_dir, tokenizer):
+    from adapt.bidirectional import make_bidirectional
+    from adapt.export import MANIFEST, export_encoder
+    from tests.tiny import tiny_decoder
+
+    enc = export_encoder(make_bidirectional(tiny_decoder("llama", vocab_size=len(tokenizer))), tokenizer,
+                         tmp_path / "enc", card={"objective": "mlm"})
+    (enc / "run").mkdir()
+    (enc / "run" / "config.yaml").write_text(f"model:\n  source: {tiny_model_dir}\n")
+    task = str(make_similarity(tmp_path / "s"))
+    before = (enc / "README.md").read_text()
+    assert "Not benchmarked yet" in before
+    run_bench([str(enc)], tasks=[task], out_dir=tmp_path / "o0", show_progress=False, max_length=32,
+              update_cards=False)
+    assert (enc / "README.md").read_text() == before
+    report = run_bench([str(enc)], tasks=[task], out_dir=tmp_path / "o", baselines=True, show_progress=False,
+                       max_length=32)
+    card = (enc / "README.md").read_text()
+    mine = report.value("enc", "s")
+    assert f"| s (spearman) | {mine:.3f}; tiny-llama (causal, mean): " in card and "| objective | mlm |" in card
+    bench = json.loads((enc / MANIFEST).read_text())["card"]["bench"]
+    assert list(bench) == ["s (spearman)"] and "(bidirectional, mean, untrained)" in bench["s (spearman)"]
+
+
+def test_cli_runs_the_suite_and_the_named_tasks_together(monkeypatch):
+    from click.testing import CliRunner
+
+    import adapt.bench.runner as runner
+    from cli import main
+
+    seen = {}
+
+    def fake_run_bench(models, **kw):
+        seen.update(kw)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(runner, "run_bench", fake_run_bench)
+    CliRunner().invoke(main, ["bench", "m", "--suite", "quick", "--task", "lee-similarity", "--task", "extra/"])
+    assert seen["tasks"][-1] == "extra/" and "wiki-retrieval" in seen["tasks"]
+    assert seen["tasks"].count("lee-similarity") == 1 and seen["update_cards"] is True

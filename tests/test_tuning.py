@@ -94,3 +94,18 @@ def test_lean_qlora_matches_peft_preparation(tiny_model_dir, checkpointing):
     assert peft_dtype == torch.float32 and lean_dtype == torch.bfloat16 and lean_bytes < peft_bytes
     assert abs(lean_losses[0] - peft_losses[0]) < 0.02 * peft_losses[0], (lean_losses, peft_losses)
     assert lean_losses[-1] < lean_losses[0] - 0.2 and abs(lean_losses[-1] - peft_losses[-1]) < 0.1 * peft_losses[0]
+
+
+def test_quantized_load_owns_its_unquantized_weights_and_keeps_ties(tmp_path, tokenizer):
+    """release_load_memory copies the weights bitsandbytes left unquantized: values, ties and training unchanged."""
+    from tests.tiny import tiny_decoder
+
+    src = tmp_path / "tied"
+    model = tiny_decoder("llama", vocab_size=len(tokenizer), tie_word_embeddings=True)
+    model.save_pretrained(src)
+    tokenizer.save_pretrained(src)
+    tuning = TuningConfig(method="qlora", lora_r=4, lora_alpha=8, lora_dropout=0.0)
+    q, _ = load_decoder(ModelConfig(source=str(src)), tuning)
+    assert q.get_output_embeddings().weight is q.get_input_embeddings().weight
+    saved = model.get_input_embeddings().weight.to(q.get_input_embeddings().weight.dtype)
+    assert torch.equal(q.get_input_embeddings().weight, saved)

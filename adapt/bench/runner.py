@@ -9,6 +9,7 @@ Example::
 from __future__ import annotations
 
 import gc
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,8 @@ from adapt.bench.models import EncoderLike, Loader, ModelSpec, as_spec, baseline
 from adapt.bench.report import BenchReport, versions, write_reports
 from adapt.bench.tasks import Task
 from adapt.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
 
 SUITES: dict[str, list[str]] = {
     "quick": quick.QUICK_TASKS,
@@ -125,7 +128,7 @@ def _unique_names(entries) -> list[str]:
 def run_bench(models: list, *, suite: str | None = "quick", tasks: list | None = None,
               out_dir: str | Path, baselines: bool = False, source: str | None = None, batch_size: int = 32,
               max_length: int | None = 256, limit: int | None = None, show_progress: bool = True,
-              loader: Loader | None = None, use_cache: bool = True) -> BenchReport:
+              loader: Loader | None = None, use_cache: bool = True, update_cards: bool = True) -> BenchReport:
     """Score ``models`` on a suite (or on ``tasks``) and write results.json/.md/.png under ``out_dir``.
 
     ``models``: paths / hub ids / ``SOURCE@pooling=last,bidirectional=false`` strings, ModelSpec
@@ -134,7 +137,8 @@ def run_bench(models: list, *, suite: str | None = "quick", tasks: list | None =
     ``tasks``, when given, replaces the suite: quick task names, task folders or MTEB task names.
     ``max_length`` caps tokens per text; ``limit`` caps examples per split of built-in and folder
     tasks (smoke runs; MTEB tasks always run whole).
-    Embeddings are cached under ``out_dir/cache`` unless ``use_cache`` is False.
+    Embeddings are cached under ``out_dir/cache`` unless ``use_cache`` is False. ``update_cards``: the
+    main scores of each adapt-exported encoder (next to its baselines') go into its model card.
     """
     from tqdm.auto import tqdm
 
@@ -178,7 +182,42 @@ def run_bench(models: list, *, suite: str | None = "quick", tasks: list | None =
         bar.close()
     report = write_reports(rows, out_dir, title)
     report.cache_hits, report.cache_misses = cache.hits, cache.misses
+    if update_cards:
+        _update_cards(entries, display, report, source)
     return report
+
+
+def _update_cards(entries, display, report: BenchReport, source: str | None) -> None:
+    """Write each benchmarked adapt encoder's main scores (and its baselines', when scored) into its model card."""
+    from adapt.export import record_bench
+
+    names = {id(spec): name for (spec, _), name in zip(entries, display) if spec is not None}
+    tasks = list(dict.fromkeys(row["task"] for row in report.rows if row["main"]))
+    metric = {row["task"]: row["metric"] for row in report.rows if row["main"]}
+    for spec, _ in entries:
+        if spec is None or not Path(spec.source).is_dir() or spec.bidirectional is False:
+            continue
+        name = names[id(spec)]
+        others = [names[id(b)] for b in _baselines_in(entries, spec, source)]
+        scores = {}
+        for task in tasks:
+            mine = report.value(name, task)
+            if mine is None:
+                continue
+            rest = [(other, report.value(other, task)) for other in others]
+            scores[f"{task} ({metric[task]})"] = f"{mine:.3f}" + "".join(
+                f"; {other}: {value:.3f}" for other, value in rest if value is not None)
+        if record_bench(spec.source, scores):
+            log.info("benchmark results recorded in %s/README.md", spec.source)
+
+
+def _baselines_in(entries, spec, source: str | None) -> list:
+    """The baseline specs of ``spec`` that this run scored."""
+    try:
+        wanted = {b.canonical() for b in baseline_specs(spec, source)}
+    except ConfigError:
+        return []
+    return [s for s, _ in entries if s is not None and s.canonical() in wanted]
 
 
 def _score(task, encoder: EncoderLike, cache: EmbeddingCache, key: str, name: str, batch_size: int):
