@@ -250,18 +250,22 @@ def classify(model_dir, texts, input_path, output_path, field, batch_size):
 @click.option("--max-length", type=int, default=256, show_default=True)
 @click.option("--limit", type=int, help="At most this many examples per task (quick looks).")
 @click.option("--no-cache", is_flag=True, help="Re-encode even when cached embeddings exist.")
+@click.option("--no-card", is_flag=True, help="Do not write the scores into the model cards of adapt encoders.")
 @click.option("--quiet", is_flag=True)
 @_friendly
-def bench(models, suite, tasks, out_dir, baselines, source, batch_size, max_length, limit, no_cache, quiet):
+def bench(models, suite, tasks, out_dir, baselines, source, batch_size, max_length, limit, no_cache, no_card, quiet):
     """Benchmark MODELS (encoders, converted runs, raw decoders as PATH@pooling=last,bidirectional=false,
     sentence-transformers models) on retrieval, classification and similarity, side by side."""
-    from adapt.bench.runner import run_bench
+    from adapt.bench.runner import run_bench, task_refs
 
     if suite is None and not tasks:
         suite = "quick"
-    report = run_bench(list(models), suite=suite, tasks=list(tasks) or None, out_dir=out_dir, baselines=baselines,
+    tasks = list(tasks)
+    if suite and tasks:  # both: the suite's tasks, then the named ones
+        tasks = [t for t in task_refs(suite, None) if t not in tasks] + tasks
+    report = run_bench(list(models), suite=suite, tasks=tasks or None, out_dir=out_dir, baselines=baselines,
                        source=source, batch_size=batch_size, max_length=max_length, limit=limit,
-                       show_progress=not quiet, use_cache=not no_cache)
+                       show_progress=not quiet, use_cache=not no_cache, update_cards=not no_card)
     click.echo(report.markdown)
 
 
