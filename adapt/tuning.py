@@ -36,15 +36,16 @@ def apply_tuning(model, tuning: TuningConfig, *, new_token_ids: list[int] = ()):
     if tuning.method == "qlora":
         if not getattr(model, "is_quantized", False) and getattr(model, "hf_quantizer", None) is None:
             raise ConfigError("tuning.method=qlora needs a model loaded with quantization (load_decoder(..., tuning))")
-        if tuning.kbit_fp32 == "all":
-            model = prepare_model_for_kbit_training(
-                model, use_gradient_checkpointing=tuning.gradient_checkpointing,
-                gradient_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            prepare_kbit_lean(model, tuning.gradient_checkpointing)
-    elif tuning.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.enable_input_require_grads()
+    if tuning.method == "qlora" and tuning.kbit_fp32 == "all":  # peft's preparation, checkpointing included
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=tuning.gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        if tuning.method == "qlora":
+            prepare_kbit_lean(model)
+        if tuning.gradient_checkpointing:  # inputs require grad, so the gradient reaches adapters past frozen layers
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.enable_input_require_grads()
     config = LoraConfig(
         r=tuning.lora_r, lora_alpha=tuning.lora_alpha, lora_dropout=tuning.lora_dropout,
         target_modules=lora_targets(model, tuning), bias="none",
@@ -65,15 +66,15 @@ def _cast_to_weight_dtype(module, args):
     return None
 
 
-def prepare_kbit_lean(model, gradient_checkpointing: bool) -> None:
+def prepare_kbit_lean(model) -> None:
     """peft's ``prepare_model_for_kbit_training`` without doubling the big frozen tensors.
 
     peft casts every frozen weight that is not quantized to fp32, for fp16 stability. In a decoder
     those are the norms and biases (small) and the embeddings and LM head (a 49k x 1024 vocabulary
     is 200 MB in fp32, more than the 4-bit layers of a 0.5B model). Here only the 1-D ones (norms,
     biases) go to fp32, as peft would make them; the embeddings and head keep the loaded dtype
-    (bf16 by default). The rest is as peft does: everything frozen, gradient checkpointing with
-    inputs that require grad, so the gradient reaches the adapters through frozen layers.
+    (bf16 by default). Everything is frozen, as peft does; :func:`apply_tuning` then turns on
+    gradient checkpointing as for LoRA.
     """
     model.requires_grad_(False)
     for param in model.parameters():
@@ -82,9 +83,6 @@ def prepare_kbit_lean(model, gradient_checkpointing: bool) -> None:
     head = model.get_output_embeddings()
     if head is not None:  # the residual stream is fp32 after the fp32 norms; the head keeps its dtype
         head.register_forward_pre_hook(_cast_to_weight_dtype)
-    if gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.enable_input_require_grads()
 
 
 def trainable_parameters(model) -> tuple[int, int]:

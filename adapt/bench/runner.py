@@ -191,16 +191,17 @@ def _update_cards(entries, display, report: BenchReport, source: str | None) -> 
     """Write each benchmarked adapt encoder's main scores (and its baselines', when scored) into its model card."""
     from adapt.export import record_bench
 
-    names = {id(spec): name for (spec, _), name in zip(entries, display) if spec is not None}
-    tasks = list(dict.fromkeys(row["task"] for row in report.rows if row["main"]))
+    name_of = {spec.canonical(): name for (spec, _), name in zip(entries, display) if spec is not None}
     metric = {row["task"]: row["metric"] for row in report.rows if row["main"]}
-    for spec, _ in entries:
+    for (spec, _), name in zip(entries, display):
         if spec is None or not Path(spec.source).is_dir() or spec.bidirectional is False:
             continue
-        name = names[id(spec)]
-        others = [names[id(b)] for b in _baselines_in(entries, spec, source)]
+        try:
+            others = [name_of[b.canonical()] for b in baseline_specs(spec, source) if b.canonical() in name_of]
+        except ConfigError:  # not a converted run: no baselines to show
+            others = []
         scores = {}
-        for task in tasks:
+        for task in metric:
             mine = report.value(name, task)
             if mine is None:
                 continue
@@ -209,15 +210,6 @@ def _update_cards(entries, display, report: BenchReport, source: str | None) -> 
                 f"; {other}: {value:.3f}" for other, value in rest if value is not None)
         if record_bench(spec.source, scores):
             log.info("benchmark results recorded in %s/README.md", spec.source)
-
-
-def _baselines_in(entries, spec, source: str | None) -> list:
-    """The baseline specs of ``spec`` that this run scored."""
-    try:
-        wanted = {b.canonical() for b in baseline_specs(spec, source)}
-    except ConfigError:
-        return []
-    return [s for s, _ in entries if s is not None and s.canonical() in wanted]
 
 
 def _score(task, encoder: EncoderLike, cache: EmbeddingCache, key: str, name: str, batch_size: int):
