@@ -98,13 +98,20 @@ class TuningConfig:
     quant_type: str = _help("qlora 4-bit type: nf4 or fp4", "nf4")
     double_quant: bool = _help("qlora: double quantization", True)
     gradient_checkpointing: bool = _help("trade compute for memory", False)
-    kbit_fp32: str = _help("qlora: frozen weights that are not quantized go to fp32 - norms: only 1-D ones (norms, "
-                           "biases), embeddings and LM head stay as loaded | all: every one, as peft's "
-                           "prepare_model_for_kbit_training does (embeddings and a tied head doubled)", "norms")
+    kbit_fp32: str = _help("qlora: frozen weights that are not quantized going to fp32 - auto: norms if the model "
+                           "is loaded in float16, else none | none: all stay as loaded (bf16 has fp32's range) | "
+                           "norms: only 1-D ones (norms, biases) | all: every one, as peft's "
+                           "prepare_model_for_kbit_training does (embeddings and a tied head doubled)", "auto")
+    cpu_malloc: str = _help("training on the CPU: lean: glibc's mmap threshold fixed at 128 KiB, so freed large "
+                            "blocks go back to the OS (less peak memory, some step time) | glibc: as it comes | "
+                            "auto: lean for qlora, glibc otherwise", "auto")
 
     def __post_init__(self):
         _check(self.method in ("full", "lora", "qlora"), f"tuning.method must be full, lora or qlora, not {self.method!r}")
-        _check(self.kbit_fp32 in ("norms", "all"), f"tuning.kbit_fp32 must be norms or all, not {self.kbit_fp32!r}")
+        _check(self.kbit_fp32 in ("auto", "none", "norms", "all"),
+               f"tuning.kbit_fp32 must be auto, none, norms or all, not {self.kbit_fp32!r}")
+        _check(self.cpu_malloc in ("auto", "lean", "glibc"),
+               f"tuning.cpu_malloc must be auto, lean or glibc, not {self.cpu_malloc!r}")
         _check(self.lora_r > 0 and self.lora_alpha > 0, "tuning.lora_r and lora_alpha must be positive")
         _check(0 <= self.lora_dropout < 1, "tuning.lora_dropout must be in [0, 1)")
         _check(self.quant_bits in (4, 8), "tuning.quant_bits must be 4 or 8")

@@ -167,6 +167,55 @@ def release_load_memory(model) -> None:
         pass
 
 
+LEAN_MMAP_THRESHOLD = 128 * 1024
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+
+def _set_mmap_threshold(nbytes: int) -> bool:
+    try:
+        import ctypes
+
+        return bool(ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, nbytes))
+    except (OSError, AttributeError):  # not glibc
+        return False
+
+
+def _trains_on_cpu(device_map) -> bool:
+    if device_map is not None:
+        places = device_map.values() if isinstance(device_map, dict) else [device_map]
+        return all(str(p) == "cpu" for p in places)
+    xpu = getattr(torch, "xpu", None)
+    return not (torch.cuda.is_available() or (xpu is not None and xpu.is_available()))
+
+
+def lean_cpu_malloc(tuning: TuningConfig | None, device_map=None) -> bool:
+    """Fix glibc's mmap threshold at 128 KiB before a CPU load when ``tuning.cpu_malloc`` asks; True if set.
+
+    glibc raises its threshold to the largest block freed so far, so once a few weight-sized blocks
+    have been freed, later ones come from the heap and stay there, counted in RSS. bitsandbytes on the
+    CPU makes such blocks for every weight it quantizes while loading and dequantizes for every 4-bit
+    matmul while training. A fixed threshold returns them to the OS when freed. Measured in
+    benchmarks/train_throughput.py (0.5B QLoRA, one step): a lower and steadier training peak and
+    no load spikes (up to 2.6 GB over a 0.9 GB checkpoint without), for a slower step. Process-wide, and set
+    before the load so that the load benefits; a ``MALLOC_MMAP_THRESHOLD_`` already in the environment
+    is the user's choice and is left alone.
+    """
+    import os
+
+    if tuning is None or "MALLOC_MMAP_THRESHOLD_" in os.environ or not _trains_on_cpu(device_map):
+        return False
+    mode = tuning.cpu_malloc
+    if mode == "auto":
+        mode = "lean" if tuning.method == "qlora" else "glibc"
+    if mode != "lean":
+        return False
+    ok = _set_mmap_threshold(LEAN_MMAP_THRESHOLD)
+    if ok:
+        log.info("training on the CPU: glibc's mmap threshold fixed at %d KiB (tuning.cpu_malloc=%s; "
+                 "tuning.cpu_malloc=glibc keeps glibc's default)", LEAN_MMAP_THRESHOLD // 1024, tuning.cpu_malloc)
+    return ok
+
+
 def load_decoder(cfg: ModelConfig, tuning: TuningConfig | None = None, *, bidirectional: bool = True,
                  device_map=None):
     """Load ``(model, tokenizer)``; the model is a ``*ForCausalLM`` made bidirectional unless told not to."""
@@ -192,6 +241,7 @@ def load_decoder(cfg: ModelConfig, tuning: TuningConfig | None = None, *, bidire
         kwargs.setdefault("dtype", torch.bfloat16)
     if device_map is not None:
         kwargs["device_map"] = device_map
+    lean_cpu_malloc(tuning, device_map)
     try:
         model = AutoModelForCausalLM.from_pretrained(source.path, **kwargs)
     except (OSError, ValueError) as e:

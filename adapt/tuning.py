@@ -42,7 +42,7 @@ def apply_tuning(model, tuning: TuningConfig, *, new_token_ids: list[int] = ()):
             gradient_checkpointing_kwargs={"use_reentrant": False})
     else:
         if tuning.method == "qlora":
-            prepare_kbit_lean(model)
+            prepare_kbit_lean(model, tuning.kbit_fp32)
         if tuning.gradient_checkpointing:  # inputs require grad, so the gradient reaches adapters past frozen layers
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.enable_input_require_grads()
@@ -66,23 +66,32 @@ def _cast_to_weight_dtype(module, args):
     return None
 
 
-def prepare_kbit_lean(model) -> None:
-    """peft's ``prepare_model_for_kbit_training`` without doubling the big frozen tensors.
+def prepare_kbit_lean(model, mode: str = "auto") -> str:
+    """peft's ``prepare_model_for_kbit_training`` without doubling the big frozen tensors; the mode used.
 
     peft casts every frozen weight that is not quantized to fp32, for fp16 stability. In a decoder
     those are the norms and biases (small) and the embeddings and LM head (a 49k x 1024 vocabulary
-    is 200 MB in fp32, more than the 4-bit layers of a 0.5B model). Here only the 1-D ones (norms,
-    biases) go to fp32, as peft would make them; the embeddings and head keep the loaded dtype
-    (bf16 by default). Everything is frozen, as peft does; :func:`apply_tuning` then turns on
-    gradient checkpointing as for LoRA.
+    is 200 MB in fp32, more than the 4-bit layers of a 0.5B model). ``norms``: only the 1-D ones
+    (norms, biases) go to fp32, as peft would make them; the embeddings and head keep the loaded
+    dtype. ``none``: nothing is cast. fp32 norms make the residual stream fp32 (each 4-bit layer
+    returns its input's dtype), which costs memory and time and buys nothing in bf16, whose range is
+    fp32's (the RMS itself is computed in fp32 by the models). ``auto`` is ``norms`` for a model
+    loaded in float16 and ``none`` otherwise. Everything is frozen, as peft does;
+    :func:`apply_tuning` then turns on gradient checkpointing as for LoRA.
     """
     model.requires_grad_(False)
-    for param in model.parameters():
-        if param.ndim == 1 and param.dtype in (torch.float16, torch.bfloat16) and type(param).__name__ != "Params4bit":
-            param.data = param.data.float()
+    small = [p for p in model.parameters()
+             if p.ndim == 1 and p.dtype in (torch.float16, torch.bfloat16) and type(p).__name__ != "Params4bit"]
+    if mode == "auto":
+        mode = "norms" if any(p.dtype == torch.float16 for p in small) else "none"
+    if mode == "none":
+        return mode
+    for param in small:
+        param.data = param.data.float()
     head = model.get_output_embeddings()
     if head is not None:  # the residual stream is fp32 after the fp32 norms; the head keeps its dtype
         head.register_forward_pre_hook(_cast_to_weight_dtype)
+    return mode
 
 
 def trainable_parameters(model) -> tuple[int, int]:

@@ -201,6 +201,7 @@ class Runner:
     flops_per_step: float
     dtype: str
     notes: str = ""
+    warms_itself = False  # True: every run() already starts with an untimed step
 
     def run(self, n: int) -> list[tuple[float, float]]:
         raise NotImplementedError
@@ -301,10 +302,12 @@ class HFTrainerRunner(Runner):
 
     Each ``run(n)`` builds a fresh Trainer and trains n + 1 steps; a callback stamps every step end,
     and the n intervals between stamps (data collation + forward + backward + clip + optimizer +
-    Trainer bookkeeping) are returned; the first step's interval would include the setup. The model
+    Trainer bookkeeping) are returned; the first step's interval would include the setup, and that
+    uncounted first step is the warm-up (``warms_itself``: :func:`interleave` adds none). The model
     is this runner's own: Accelerate wraps its forward in autocast once and marks it prepared, and
     later Trainers keep that wrapper (a probe checks that every forward ran under autocast).
     """
+    warms_itself = True
 
     def __init__(self, name, model, tokenizer, blocks, batch, *, ratio, bf16: bool, device, shape: Shape,
                  train_base: bool, lora_params=0, seed=0, notes=""):
@@ -416,6 +419,8 @@ def interleave(runners: list[Runner], *, rounds: int, steps: int, budget_s: floa
     start = time.perf_counter()
     alive = list(runners)
     for r in list(alive) if warmup else []:
+        if r.warms_itself:
+            continue
         try:
             print(f"[warmup] {r.name}", flush=True)
             r.run(1)
@@ -432,7 +437,13 @@ def interleave(runners: list[Runner], *, rounds: int, steps: int, budget_s: floa
         order = alive[k % len(alive):] + alive[:k % len(alive)]
         line = []
         for r in order:
-            pairs = r.run(steps)
+            try:
+                pairs = r.run(steps)
+            except Exception as e:  # noqa: BLE001 - as in the warm-up: reported, not fatal
+                print(f"[skip] {r.name}: {type(e).__name__}: {e}", flush=True)
+                r.notes = f"could not run: {type(e).__name__}: {e}"
+                alive.remove(r)
+                continue
             times[r.name].append([w for w, _ in pairs])
             cpu[r.name].append([c for _, c in pairs])
             line.append(f"{r.name} {r.tokens_per_step / statistics.median(times[r.name][-1]):.0f}")
@@ -546,11 +557,12 @@ def memory_worker(spec: dict) -> dict:
     import transformers  # noqa: F401
     baseline = _rss_kib()
     tuning = TuningConfig(method=spec["tuning"], lora_r=16, lora_alpha=32,
-                          gradient_checkpointing=spec.get("grad_ckpt", False), kbit_fp32=spec.get("kbit_fp32", "norms"))
-    model, tokenizer = load_decoder(ModelConfig(source=spec["model_dir"], dtype=spec["weights"],
-                                                attn_implementation=spec.get("attn")),
-                                    tuning if spec["tuning"] == "qlora" else None,
-                                    device_map={"": device} if spec["tuning"] == "qlora" and device != "cpu" else None)
+                          gradient_checkpointing=spec.get("grad_ckpt", False), kbit_fp32=spec.get("kbit_fp32", "auto"),
+                          cpu_malloc=spec.get("cpu_malloc", "auto"))
+    with RssSampler() as load_sampler:
+        model, tokenizer = load_decoder(ModelConfig(source=spec["model_dir"], dtype=spec["weights"],
+                                                    attn_implementation=spec.get("attn")), tuning,
+                                        device_map={"": device} if spec["tuning"] == "qlora" and device != "cpu" else None)
     if spec["tuning"] != "qlora":
         model.to(device)
     shape = Shape.of(model)
@@ -583,6 +595,7 @@ def memory_worker(spec: dict) -> dict:
     param_bytes = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
     out = {"baseline_rss_mib": baseline["VmRSS"] / 1024, "after_load_rss_mib": after_load["VmRSS"] / 1024,
            "train_peak_rss_mib": sampler.peak["VmRSS"] / 1024, "train_peak_anon_mib": sampler.peak["RssAnon"] / 1024,
+           "load_peak_anon_over_baseline_mib": (load_sampler.peak["RssAnon"] - baseline["RssAnon"]) / 1024,
            "process_hwm_mib": end["VmHWM"] / 1024, "loaded_rss_before_trim_mib": loaded["VmRSS"] / 1024,
            "param_mib": param_bytes / 2**20, "trainable_params": sum(p.numel() for p in trainable),
            "total_params": shape.total, "steps": spec["steps"], "step_seconds": secs, "wall_s": wall}
@@ -611,16 +624,30 @@ def make_model_worker(spec: dict) -> dict:
 
 def run_worker(kind: str, spec: dict, timeout: float, log: Path) -> dict:
     """Run ``kind`` in a fresh interpreter of this venv; its JSON result or {"error": ...}."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", kind, "--spec", json.dumps(spec)]
-    try:
-        with open(log, "a") as err:
-            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f}s"}
-    for line in proc.stdout.splitlines():
-        if line.startswith("@@RESULT "):
-            return json.loads(line[len("@@RESULT "):])
-    return {"error": f"exit code {proc.returncode}; see {log}"}
+    return run_workers([(kind, spec)], timeout, log)[0]
+
+
+def run_workers(jobs: list[tuple[str, dict]], timeout: float, log: Path) -> list[dict]:
+    """Run each (kind, spec) in its own fresh interpreter, all at once; their results in order.
+
+    """
+    with open(log, "a") as err:
+        procs = [subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", kind, "--spec",
+                                   json.dumps(spec)], stdout=subprocess.PIPE, stderr=err, text=True)
+                 for kind, spec in jobs]
+        deadline = time.monotonic() + timeout
+        results = []
+        for proc in procs:
+            try:
+                out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                results.append({"error": f"timed out after {timeout:.0f}s"})
+                continue
+            found = [json.loads(line[len("@@RESULT "):]) for line in out.splitlines() if line.startswith("@@RESULT ")]
+            results.append(found[0] if found else {"error": f"exit code {proc.returncode}; see {log}"})
+    return results
 
 
 # ------------------------------------------------------------------------------------------ report
@@ -687,24 +714,35 @@ def markdown(res: dict) -> str:
     if res.get("memory"):
         lines += ["", "## Peak memory (one subprocess per configuration; MiB)", "",
                   "RSS after imports is subtracted in `peak over imports`; `anon` leaves out file-backed pages "
-                  "(weights mmapped from safetensors); `HWM` is the whole process including loading.", "",
+                  "(weights mmapped from safetensors); `HWM` is the whole process including loading; `load anon` is "
+                  "the anonymous RSS the load added at its peak (sampled every 5 ms).", "",
                   "| configuration | model | params | trainable | seq x batch | param MiB | RSS after load | "
-                  "train peak RSS | **peak over imports** | anon peak | HWM | CUDA peak |",
-                  "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+                  "train peak RSS | **peak over imports** | anon peak | HWM | load anon | CUDA peak | step s |",
+                  "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for name, row in res["memory"].items():
             if "error" in row:
-                lines.append(f"| {name} | {row.get('model', '')} | | | | | | {row['error']} | | | | |")
+                lines.append(f"| {name} | {row.get('model', '')} | | | | | | {row['error']} | | | | | | |")
                 continue
             lines.append(f"| {name} | {row['model']} | {row['total_params'] / 1e6:.0f}M | {row['trainable_params'] / 1e6:.2f}M | "
                          f"{row['seq_len']} x {row['batch']} | {row['param_mib']:.0f} | {row['after_load_rss_mib']:.0f} | "
                          f"{row['train_peak_rss_mib']:.0f} | **{row['train_peak_over_baseline_mib']:.0f}** | "
-                         f"{row['train_peak_anon_mib']:.0f} | {row['process_hwm_mib']:.0f} | {_fmt(row.get('cuda_peak_mib'))} |")
+                         f"{row['train_peak_anon_mib']:.0f} | {row['process_hwm_mib']:.0f} | "
+                         f"{_fmt(row.get('load_peak_anon_over_baseline_mib'))} | {_fmt(row.get('cuda_peak_mib'))} | "
+                         f"{_fmt(_first_step_s(row), '.1f')} |")
         for note in res.get("memory_notes", []):
             lines += ["", note]
     if res.get("not_run"):
         lines += ["", "## Not run", ""] + [f"- {k}: {v}" for k, v in res["not_run"].items()]
     lines += ["", f"Headline: {res['headline']}", ""]
     return "\n".join(lines)
+
+
+def _first_step_s(row: dict) -> float | None:
+    """Wall seconds of a memory worker's first step (its steps are (wall, cpu) pairs or wall seconds)."""
+    steps = row.get("step_seconds") or []
+    if not steps:
+        return None
+    return float(steps[0][0] if isinstance(steps[0], (list, tuple)) else steps[0])
 
 
 def plot(res: dict, path: Path) -> None:
@@ -714,7 +752,10 @@ def plot(res: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     sweeps = [k for k in ("seq_sweep", "batch_sweep") if res.get(k)]
-    fig, axes = plt.subplots(1, 1 + len(sweeps), figsize=(6 + 4.5 * len(sweeps), 4.8))
+    mem_key = "cuda_peak_mib" if any("cuda_peak_mib" in r for r in res.get("memory", {}).values()) \
+        else "train_peak_over_baseline_mib"
+    mem = [(n, r[mem_key]) for n, r in res.get("memory", {}).items() if mem_key in r]
+    fig, axes = plt.subplots(1, 1 + len(sweeps) + bool(mem), figsize=(6 + 4.5 * (len(sweeps) + bool(mem)), 4.8))
     axes = np.atleast_1d(axes)
     rows = [(n, r) for n, r in res["configs"].items() if "tokens_per_s" in r]
     ax = axes[0]
@@ -746,6 +787,16 @@ def plot(res: dict, path: Path) -> None:
         ax.set_title(f"time/token vs {by}", fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
+    if mem:
+        ax = axes[-1]
+        ax.barh([n for n, _ in mem], [v for _, v in mem],
+                color=["tab:green" if "qlora" in n else "tab:blue" for n, _ in mem])
+        for i, (_, v) in enumerate(mem):
+            ax.text(v, i, f" {v:.0f}", va="center", fontsize=8)
+        ax.invert_yaxis()
+        ax.tick_params(axis="y", labelsize=7)
+        ax.set_xlabel("peak MiB " + ("(CUDA)" if mem_key == "cuda_peak_mib" else "(RSS over imports)"))
+        ax.set_title("training peak memory", fontsize=10)
     fig.suptitle(f"{res['machine']['cpu']} ({res['machine']['device']}), torch {res['machine']['torch']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -1021,37 +1072,73 @@ def main(argv=None) -> dict | None:
         q_seq, q_batch = 128, 2
         q_blocks = cache / "data" / f"seq{q_seq}.npy"
         np.save(q_blocks, packed_blocks(tokenizer, q_seq, cache))
-        # as presets/qlora.yaml trains (gradient checkpointing on), and LoRA on the same terms
+        # as presets/qlora.yaml trains (gradient checkpointing on), and LoRA on the same terms, each as adapt
+        # ships it (tuning.cpu_malloc=auto: QLoRA fixes glibc's mmap threshold at 128 KiB on the CPU, LoRA
+        # keeps glibc's default) and with the other malloc setting, so that both are also compared on equal
+        # terms. bitsandbytes on CPU dequantizes a weight for every matmul; glibc's default (a threshold
+        # that rises to the largest block freed) keeps those blocks in the heap, which RSS counts.
         q_specs = {"0.5B lora-bf16+gradckpt": dict(tuning="lora", weights="bfloat16", grad_ckpt=True),
                    "0.5B qlora-nf4+gradckpt": dict(tuning="qlora", weights="bfloat16", grad_ckpt=True)}
+        if not cuda:
+            q_specs.update({"0.5B lora-bf16+gradckpt, malloc lean": dict(tuning="lora", weights="bfloat16", grad_ckpt=True,
+                                                                          cpu_malloc="lean"),
+                            "0.5B qlora-nf4+gradckpt, malloc glibc": dict(tuning="qlora", weights="bfloat16",
+                                                                           grad_ckpt=True, cpu_malloc="glibc")})
         if not quick:
-            q_specs.update({"0.5B qlora-nf4+gradckpt+peft-fp32": dict(tuning="qlora", weights="bfloat16", grad_ckpt=True,
+            q_specs.update({"0.5B qlora-nf4+gradckpt+fp32-norms": dict(tuning="qlora", weights="bfloat16", grad_ckpt=True,
+                                                                       kbit_fp32="norms"),
+                            "0.5B qlora-nf4+gradckpt+peft-fp32": dict(tuning="qlora", weights="bfloat16", grad_ckpt=True,
                                                                       kbit_fp32="all"),
                             "0.5B lora-bf16": dict(tuning="lora", weights="bfloat16"),
                             "0.5B qlora-nf4": dict(tuning="qlora", weights="bfloat16")})
-        for name, extra in q_specs.items():
-            spec = dict(model_dir=str(big), blocks=str(q_blocks), batch=q_batch, seq_len=q_seq, mask_ratio=args.mask_ratio,
-                        objective=args.objective, steps=1 if quick else 2, device=device, route="adapt", amp=True,
-                        threads=torch.get_num_threads(), attn=args.attn, **extra)
-            row = run_worker("memory", spec, timeout=1200, log=logs / "memory_workers.log")
-            memory[name] = {**row, "model": "Llama 0.5B (random, from config)", "seq_len": q_seq, "batch": q_batch}
-            print(f"[memory] {name}: {row.get('train_peak_rss_mib', row.get('error'))}", flush=True)
-        lo, q = memory.get("0.5B lora-bf16+gradckpt", {}), memory.get("0.5B qlora-nf4+gradckpt", {})
-        if "train_peak_rss_mib" in lo and "train_peak_rss_mib" in q:
-            key = "cuda_peak_mib" if cuda else "train_peak_over_baseline_mib"
-            ratio = q[key] / lo[key]
-            levers["QLoRA 4-bit / bf16 LoRA peak memory (0.5B, both with gradient checkpointing, "
-                   + ("peak RSS over the post-import RSS)" if not cuda else "CUDA peak)")] = f"{ratio:.2f} (target <= 0.50)"
-            fb = memory.get("0.5B qlora-nf4+gradckpt+peft-fp32", {})
-            if key in fb:
-                levers["the same with peft's prepare_model_for_kbit_training (every frozen non-4-bit weight in fp32)"] = \
-                    f"{fb[key] / lo[key]:.2f}"
+        # On CPU each configuration runs at the same time as its twin under the other malloc setting, each
+        # on half the threads: memory is per process, and the twins' step times are side by side.
+        twins = [("0.5B lora-bf16+gradckpt", "0.5B lora-bf16+gradckpt, malloc lean"),
+                 ("0.5B qlora-nf4+gradckpt", "0.5B qlora-nf4+gradckpt, malloc glibc")]
+        groups = [list(t) for t in twins if all(n in q_specs for n in t)]
+        groups += [[n] for n in q_specs if not any(n in g for g in groups)]
+        for group in groups:
+            threads = torch.get_num_threads() if len(group) == 1 else max(1, torch.get_num_threads() // len(group))
+            jobs = [("memory", dict(model_dir=str(big), blocks=str(q_blocks), batch=q_batch, seq_len=q_seq,
+                                    mask_ratio=args.mask_ratio, objective=args.objective, steps=1 if quick else 2,
+                                    device=device, route="adapt", amp=True, threads=threads, attn=args.attn,
+                                    **q_specs[name])) for name in group]
+            for name, row in zip(group, run_workers(jobs, timeout=1200, log=logs / "memory_workers.log")):
+                memory[name] = {**row, "model": "Llama 0.5B (random, from config)", "seq_len": q_seq, "batch": q_batch,
+                                "threads": threads, "run_with": [n for n in group if n != name]}
+                print(f"[memory] {name}: {row.get('train_peak_rss_mib', row.get('error'))}", flush=True)
+        key = "cuda_peak_mib" if cuda else "train_peak_over_baseline_mib"
+        what = "peak RSS over the post-import RSS" if not cuda else "CUDA peak"
+        shipped = "as adapt ships them" + (": QLoRA with malloc lean, LoRA with glibc's" if not cuda else "")
+        pairs = [("", "0.5B lora-bf16+gradckpt", "0.5B qlora-nf4+gradckpt", f"{what}, {shipped}"),
+                 ("equal malloc: ", "0.5B lora-bf16+gradckpt, malloc lean", "0.5B qlora-nf4+gradckpt",
+                  "both with malloc lean"),
+                 ("equal malloc: ", "0.5B lora-bf16+gradckpt", "0.5B qlora-nf4+gradckpt, malloc glibc",
+                  "both with glibc's default"),
+                 ("fp32 norms: ", "0.5B lora-bf16+gradckpt", "0.5B qlora-nf4+gradckpt+fp32-norms",
+                  "tuning.kbit_fp32=norms, adapt's default before"),
+                 ("peft: ", "0.5B lora-bf16+gradckpt", "0.5B qlora-nf4+gradckpt+peft-fp32",
+                  "tuning.kbit_fp32=all, peft's prepare_model_for_kbit_training")]
+        for prefix, lo_name, q_name, how in pairs:
+            lo, q = memory.get(lo_name, {}), memory.get(q_name, {})
+            if key in lo and key in q:
+                levers[f"{prefix}QLoRA 4-bit / bf16 LoRA peak memory (0.5B, both with gradient checkpointing; {how})"] = \
+                    f"{q[key] / lo[key]:.3f}" + (" (target <= 0.5)" if not prefix else "")
+        q = memory.get("0.5B qlora-nf4+gradckpt", {})
+        lo = memory.get("0.5B lora-bf16+gradckpt", {})
+        if "param_mib" in q and "param_mib" in lo:
             memory_notes.append(
-                f"QLoRA: parameters take {q['param_mib']:.0f} MiB against {lo['param_mib']:.0f} MiB for bf16 LoRA. adapt "
-                "(tuning.kbit_fp32=norms, the default) keeps the embeddings and tied LM head in bf16 and casts only norms "
-                "and biases to fp32; peft's prepare_model_for_kbit_training (kbit_fp32=all, `+peft-fp32` in the full run) "
-                "casts them all, which a 49k vocabulary makes large. bitsandbytes on CPU dequantizes each weight for every "
-                "matmul; glibc keeps part of those freed blocks, which RSS counts.")
+                f"QLoRA: parameters take {q['param_mib']:.0f} MiB against {lo['param_mib']:.0f} MiB for bf16 LoRA; both "
+                "also hold the same LoRA weights, gradients and AdamW state (9M parameters in fp32, about 140 MiB), which "
+                "bounds the ratio at this size. adapt (tuning.kbit_fp32=auto, the default) keeps every frozen weight that "
+                "is not quantized in the loaded bf16, so the residual stream stays bf16 as in bf16 LoRA; `norms` casts "
+                "norms and biases to fp32 (and with them the residual stream), and peft's prepare_model_for_kbit_training "
+                "(`all`) also the embeddings and tied head, which a 49k vocabulary makes large. bitsandbytes on CPU "
+                "dequantizes each weight for every matmul; with glibc's default malloc the freed blocks stay in the "
+                "heap and RSS counts them. tuning.cpu_malloc=auto (the default) fixes glibc's mmap threshold at 128 KiB "
+                "for QLoRA on the CPU, which returns them and costs step time (`malloc lean` / `malloc glibc` rows: "
+                "the other setting; each ran at the same time as its twin, each on half the threads, so their step "
+                "times are side by side).")
 
     # ---- results ----
     peaks = {k: max(v) / 1e9 for k, v in measured["peaks"].items()}

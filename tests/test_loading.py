@@ -1,5 +1,8 @@
 """Loading decoders: folders, bad inputs, pickle refusal, and the mask-token policy."""
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import BertConfig, BertModel
@@ -91,3 +94,68 @@ def test_mask_token_bad_literal(tiny_model_dir):
 def test_hub_id_without_network_is_a_clear_error():
     with pytest.raises(ModelLoadError, match="hub id"):
         load_decoder(ModelConfig(source="some-org/some-model-that-is-not-here"))
+
+
+# ---- tuning.cpu_malloc ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("method, mode, env, device_map, expect", [
+    ("qlora", "auto", False, None, True),        # QLoRA on the CPU: lean by default
+    ("lora", "auto", False, None, False),        # LoRA and full keep glibc's default
+    ("full", "lean", False, None, True),         # ... unless asked
+    ("qlora", "glibc", False, None, False),      # opt-out
+    ("qlora", "auto", True, None, False),        # the user's MALLOC_MMAP_THRESHOLD_ wins
+    ("qlora", "auto", False, {"": "cuda:0"}, False),  # not a CPU load
+    ("qlora", "auto", False, {"": "cpu"}, True),
+])
+def test_lean_cpu_malloc_decides_when_to_fix_the_threshold(monkeypatch, method, mode, env, device_map, expect):
+    from adapt import loading
+    from adapt.config import TuningConfig
+
+    calls = []
+    monkeypatch.setattr(loading, "_set_mmap_threshold", lambda n: calls.append(n) or True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    if env:
+        monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    else:
+        monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    assert loading.lean_cpu_malloc(TuningConfig(method=method, cpu_malloc=mode), device_map) is expect
+    assert calls == ([loading.LEAN_MMAP_THRESHOLD] if expect else [])
+    assert loading.lean_cpu_malloc(None) is False
+
+
+def test_lean_cpu_malloc_makes_freed_blocks_leave_rss(tmp_path):
+    """The mechanism, in fresh interpreters (the setting is process-wide and one-way): with glibc's default, a
+    weight-sized block freed after a few others stays resident; with the lean setting it goes back to the OS."""
+    import subprocess
+    import sys
+
+    import platform
+
+    if not Path("/proc/self/status").exists() or platform.libc_ver()[0] != "glibc":
+        pytest.skip("needs glibc and /proc (Linux)")
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import sys, torch\n"
+        "from adapt.config import TuningConfig\n"
+        "from adapt.loading import lean_cpu_malloc\n"
+        "def anon():\n"
+        "    return next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('RssAnon:'))\n"
+        "applied = lean_cpu_malloc(TuningConfig(method='qlora', cpu_malloc=sys.argv[1]))\n"
+        "for _ in range(2):\n"
+        "    t = torch.ones(2 * 1024 * 1024)\n"
+        "    del t\n"
+        "t = torch.ones(2 * 1024 * 1024)\n"
+        "keep = torch.ones(1000)\n"
+        "before = anon()\n"
+        "del t\n"
+        "print(applied, before - anon())\n")
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
+    freed = {}
+    for mode in ("auto", "glibc"):
+        out = subprocess.run([sys.executable, str(probe), mode], capture_output=True, text=True, env=env,
+                             cwd=Path(__file__).resolve().parent.parent, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        applied, kib = out.stdout.split()
+        freed[mode] = (applied == "True", int(kib))
+    assert freed["auto"][0] and freed["auto"][1] >= 7 * 1024, freed    # set, and the 8 MiB block left RSS
+    assert freed["glibc"] == (False, freed["glibc"][1]) and freed["glibc"][1] < 1024, freed  # it stayed

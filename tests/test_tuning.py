@@ -77,9 +77,11 @@ def test_lora_merge_keeps_outputs(tiny_model_dir):
 
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_lean_qlora_matches_peft_preparation(tiny_model_dir, checkpointing):
-    """kbit_fp32=norms (embeddings and head stay bf16) trains like peft's all-fp32 preparation, in less memory."""
+    """kbit_fp32=norms/none (embeddings and head stay bf16; none: norms too) train like peft's all-fp32
+    preparation, in less memory; auto picks none for a bf16 model."""
+
     runs = {}
-    for mode in ("all", "norms"):
+    for mode in ("all", "norms", "none", "auto"):
         tuning = TuningConfig(method="qlora", lora_r=8, lora_alpha=16, lora_dropout=0.0, kbit_fp32=mode,
                               gradient_checkpointing=checkpointing)
         torch.manual_seed(0)
@@ -88,12 +90,34 @@ def test_lean_qlora_matches_peft_preparation(tiny_model_dir, checkpointing):
         model = apply_tuning(model, tuning, new_token_ids=[mask.id])
         emb = model.get_input_embeddings()
         emb = getattr(getattr(emb, "token_adapter", emb), "base_layer", emb)
-        runs[mode] = (_train_steps(model, *_fixed_batch(tok, mask.id, len(tok)), steps=6),
-                      emb.weight.dtype, sum(p.numel() * p.element_size() for p in model.parameters()))
-    (peft_losses, peft_dtype, peft_bytes), (lean_losses, lean_dtype, lean_bytes) = runs["all"], runs["norms"]
-    assert peft_dtype == torch.float32 and lean_dtype == torch.bfloat16 and lean_bytes < peft_bytes
-    assert abs(lean_losses[0] - peft_losses[0]) < 0.02 * peft_losses[0], (lean_losses, peft_losses)
-    assert lean_losses[-1] < lean_losses[0] - 0.2 and abs(lean_losses[-1] - peft_losses[-1]) < 0.1 * peft_losses[0]
+        norm = model.get_base_model().model.norm.weight
+        runs[mode] = dict(losses=_train_steps(model, *_fixed_batch(tok, mask.id, len(tok)), steps=6),
+                          emb=emb.weight.dtype, norm=norm.dtype,
+                          bytes=sum(p.numel() * p.element_size() for p in model.parameters()))
+    peft_run = runs["all"]
+    assert peft_run["emb"] == torch.float32 and peft_run["norm"] == torch.float32
+    assert runs["norms"]["emb"] == torch.bfloat16 and runs["norms"]["norm"] == torch.float32
+    assert runs["none"]["emb"] == torch.bfloat16 and runs["none"]["norm"] == torch.bfloat16
+    assert runs["auto"]["losses"] == runs["none"]["losses"] and runs["auto"]["norm"] == torch.bfloat16
+    assert runs["none"]["bytes"] < runs["norms"]["bytes"] < peft_run["bytes"]
+    peft_losses = peft_run["losses"]
+    for mode in ("norms", "none"):
+        lean_losses = runs[mode]["losses"]
+        assert abs(lean_losses[0] - peft_losses[0]) < 0.02 * peft_losses[0], (mode, lean_losses, peft_losses)
+        assert lean_losses[-1] < lean_losses[0] - 0.2, (mode, lean_losses)
+        assert abs(lean_losses[-1] - peft_losses[-1]) < 0.1 * peft_losses[0], (mode, lean_losses, peft_losses)
+
+
+def test_kbit_auto_keeps_fp32_norms_for_float16():
+    """fp16 has a narrow range: auto casts a float16 model's norms to fp32, as peft would."""
+    from tests.tiny import tiny_decoder
+    from adapt.tuning import prepare_kbit_lean
+
+    for dtype, expect in ((torch.float16, "norms"), (torch.bfloat16, "none")):
+        model = tiny_decoder("llama", vocab_size=300).to(dtype)
+        assert prepare_kbit_lean(model, "auto") == expect
+        assert model.model.norm.weight.dtype == (torch.float32 if expect == "norms" else dtype)
+        assert model.get_input_embeddings().weight.dtype == dtype and not any(p.requires_grad for p in model.parameters())
 
 
 def test_quantized_load_owns_its_unquantized_weights_and_keeps_ties(tmp_path, tokenizer):
