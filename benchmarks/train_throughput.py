@@ -628,9 +628,7 @@ def run_worker(kind: str, spec: dict, timeout: float, log: Path) -> dict:
 
 
 def run_workers(jobs: list[tuple[str, dict]], timeout: float, log: Path) -> list[dict]:
-    """Run each (kind, spec) in its own fresh interpreter, all at once; their results in order.
-
-    """
+    """Run each (kind, spec) in its own fresh interpreter, all at once; their results in order."""
     with open(log, "a") as err:
         procs = [subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", kind, "--spec",
                                    json.dumps(spec)], stdout=subprocess.PIPE, stderr=err, text=True)
