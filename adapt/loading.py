@@ -144,6 +144,18 @@ def keep_4bit_trainable(model) -> int:
     return n
 
 
+def _glibc():
+    """glibc through ctypes, or None where the C library is another (macOS, musl, Windows)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim, libc.mallopt  # noqa: B018 - AttributeError where these glibc calls are missing
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
 def release_load_memory(model) -> None:
     """After a quantized load on the CPU: own the weights that were not quantized, and give freed heap back.
 
@@ -159,12 +171,9 @@ def release_load_memory(model) -> None:
     import gc
 
     gc.collect()
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to trim
-        pass
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 LEAN_MMAP_THRESHOLD = 128 * 1024
@@ -172,12 +181,8 @@ _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 
 
 def _set_mmap_threshold(nbytes: int) -> bool:
-    try:
-        import ctypes
-
-        return bool(ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, nbytes))
-    except (OSError, AttributeError):  # not glibc
-        return False
+    libc = _glibc()
+    return libc is not None and bool(libc.mallopt(_M_MMAP_THRESHOLD, nbytes))
 
 
 def _trains_on_cpu(device_map) -> bool:
@@ -196,7 +201,8 @@ def lean_cpu_malloc(tuning: TuningConfig | None, device_map=None) -> bool:
     CPU makes such blocks for every weight it quantizes while loading and dequantizes for every 4-bit
     matmul while training. A fixed threshold returns them to the OS when freed. Measured in
     benchmarks/train_throughput.py (0.5B QLoRA, one step): a lower and steadier training peak and
-    no load spikes (up to 2.6 GB over a 0.9 GB checkpoint without), for a slower step. Process-wide, and set
+    no load spikes (without it, the load's anonymous RSS reached 2.6 GB for a 0.9 GB checkpoint), for a
+    slower step. Process-wide, and set
     before the load so that the load benefits; a ``MALLOC_MMAP_THRESHOLD_`` already in the environment
     is the user's choice and is left alone.
     """
