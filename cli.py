@@ -68,31 +68,27 @@ def convert(model, out, preset, data, objective, tuning, max_steps, stages, pair
     With --stages (or a preset naming stages, e.g. llm2vec: MNTP then SimCSE) the stages run in turn
     under OUT/stages/ and the last one's encoder is published at OUT."""
     from adapt.convert import convert as run
-    from adapt.stages import run_stages, uses_stages
 
-    if uses_stages(stages=stages, pairs=pairs, preset=preset):
-        result = run_stages(model, out, stages=stages, pairs=pairs, preset=preset, overrides=list(overrides),
-                            data=list(data) or None, objective=objective, tuning=tuning, max_steps=max_steps,
-                            resume=resume, overwrite=overwrite, show_progress=not quiet)
-        if result.summary:
-            s = result.summary
-            click.echo(f"converted {s['source']} through {len(s['stages'])} stages -> {result.out}")
-            for name in s["stages"]:
-                st = s["per_stage"].get(name) or {}
-                evals = ", ".join(f"{k} {v:.4f}" for k, v in sorted((st.get("final_eval") or {}).items()))
-                click.echo(f"  {name}: {st.get('steps')} steps{', ' + evals if evals else ''}")
-            click.echo(f"  probe after reload: first-token change {s['probe_after']['unpadded']:.3g} (bidirectional)")
-        return
     result = run(model, out, preset=preset, overrides=list(overrides), data=list(data) or None, objective=objective,
-                 tuning=tuning, max_steps=max_steps, resume=resume, overwrite=overwrite, show_progress=not quiet)
-    if result.summary:
-        s = result.summary
+                 tuning=tuning, max_steps=max_steps, stages=stages, pairs=pairs, resume=resume, overwrite=overwrite,
+                 show_progress=not quiet)
+    s = result.summary
+    if not s:  # not the main process
+        return
+    if result.stages:
+        click.echo(f"converted {s['source']} through {len(s['stages'])} stages -> {result.out}")
+        for name in s["stages"]:
+            st = s["per_stage"].get(name) or {}
+            evals = ", ".join(f"{k} {v:.4f}" for k, v in sorted((st.get("final_eval") or {}).items()))
+            click.echo(f"  {name}: {st.get('steps')} steps{', ' + evals if evals else ''}")
+    else:
         click.echo(f"converted {s['source']} ({s['model_type']}) -> {result.out}")
         click.echo(f"  steps {s['steps']}, tokens {s['tokens']:,}, {s['train_seconds']} s training, {s['wall_seconds']} s in all")
         for k, v in sorted(s["final_eval"].items()):
             click.echo(f"  {k} = {v:.4f}")
-        click.echo(f"  probe after reload: first-token change {s['probe_after']['unpadded']:.3g} (bidirectional)")
-        click.echo(f"  loss curve: {s['loss_plot']}")
+        if s.get("loss_plot"):
+            click.echo(f"  loss curve: {result.out / s['loss_plot']}")
+    click.echo(f"  probe after reload: first-token change {s['probe_after']['unpadded']:.3g} (bidirectional)")
 
 
 @main.command()
@@ -153,7 +149,7 @@ def _prompts(items):
 def export(source, out, pooling, normalize, max_seq_length, dtype, prompts):
     """Write an embedding encoder from SOURCE: a converted run or an encoder, or a training checkpoint
     (OUT/run/checkpoints/step-N; OUT/run/checkpoints for the newest), rebuilt from the run's config."""
-    from adapt.export import export_from_path
+    from adapt.rebuild import export_from_path
 
     path = export_from_path(source, out, pooling=pooling, normalize=normalize, max_seq_length=max_seq_length,
                             prompts=_prompts(prompts), dtype=dtype)

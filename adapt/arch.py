@@ -74,3 +74,8 @@ def facts_for(config_or_model) -> FamilyFacts:
     if model_type in REGISTRY:
         return REGISTRY[model_type]
     return dataclasses.replace(DEFAULT_FACTS, model_type=model_type or "unknown")
+
+
+def preferred_attention(config_or_model) -> str:
+    """The attention implementation under which this family honours ``is_causal=False``."""
+    return facts_for(config_or_model).attn_implementations[0]

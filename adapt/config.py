@@ -79,7 +79,7 @@ class ObjectiveConfig:
     def __post_init__(self):
         _check(0.0 < self.mask_ratio < 1.0, f"objective.mask_ratio must be in (0, 1), not {self.mask_ratio}")
         _check(self.replacement in ("80-10-10", "mask"), "objective.replacement must be '80-10-10' or 'mask'")
-        from adapt.objectives import ObjectiveSchedule
+        from adapt.schedule import ObjectiveSchedule
 
         try:
             ObjectiveSchedule(self.schedule)
@@ -204,17 +204,15 @@ class ContrastiveConfig:
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "objective": ObjectiveConfig, "tuning": TuningConfig,
             "train": TrainConfig, "export": ExportConfig, "contrastive": ContrastiveConfig}
 
-# Kinds of stage a run can chain (``adapt.stages``): mlm runs the objective section as configured,
-# mntp forces objective.schedule=mntp, simcse and contrastive are contrastive.loss simcse and pairs.
-STAGE_KINDS = ("mlm", "mntp", "simcse", "contrastive")
-
 
 def check_stages(stages) -> list:
-    """A preset's ``stages``: a list of kinds, or of ``{kind: KIND, SECTION: {overrides}}`` mappings."""
+    """A preset's ``stages``: a list of kinds, or of ``{kind: KIND, SECTION: {overrides}}`` mappings.
+
+    Only the shape is checked here; :mod:`adapt.stages` checks each kind against the objectives."""
     _check(isinstance(stages, list), f"stages must be a list like [mntp, simcse], not {stages!r}")
     for i, stage in enumerate(stages, 1):
         kind = stage.get("kind") if isinstance(stage, dict) else stage
-        _check(kind in STAGE_KINDS, f"stage {i}: kind must be one of {', '.join(STAGE_KINDS)}, not {kind!r}")
+        _check(isinstance(kind, str) and kind != "", f"stage {i}: expected a kind such as mlm or simcse, not {kind!r}")
         if isinstance(stage, dict):
             bad = set(stage) - {"kind"} - set(SECTIONS)
             _check(not bad, f"stage {i} ({kind}): unknown key(s) {sorted(bad)}; a stage holds `kind` and "
@@ -228,6 +226,10 @@ def check_stages(stages) -> list:
     return stages
 
 
+DEFAULT_KIND = "mlm"
+_LEGACY_KINDS = {"simcse": "simcse", "pairs": "contrastive"}  # contrastive.loss of runs saved before `kind`
+
+
 @dataclass
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -239,12 +241,18 @@ class RunConfig:
     contrastive: ContrastiveConfig = field(default_factory=ContrastiveConfig)
     description: str = ""
     stages: list = field(default_factory=list)  # see check_stages and adapt.stages
+    kind: str = DEFAULT_KIND  # what the run trains: an objective kind of adapt.objectives (mlm, mntp, simcse, ...)
 
     @classmethod
     def from_dict(cls, raw: dict) -> "RunConfig":
         raw = dict(raw or {})
         description = raw.pop("description", "") or ""
         stages = check_stages(raw.pop("stages", None) or [])
+        kind = raw.pop("kind", None)
+        if kind is None:  # a config.yaml written before runs named their kind
+            loss = (raw.get("contrastive") or {}).get("loss", "simcse") if "contrastive" in raw else None
+            kind = _LEGACY_KINDS.get(loss, DEFAULT_KIND)
+        _check(isinstance(kind, str) and kind != "", f"kind must be an objective kind such as mlm, not {kind!r}")
         unknown = set(raw) - set(SECTIONS)
         _check(not unknown, f"unknown config section(s) {sorted(unknown)}; known: {sorted(SECTIONS)}")
         parts = {}
@@ -258,11 +266,11 @@ class RunConfig:
                 parts[name] = klass(**values)
             except TypeError as e:
                 raise ConfigError(f"section {name!r}: {e}") from None
-        return cls(**parts, description=description, stages=stages)
+        return cls(**parts, description=description, stages=stages, kind=kind)
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
-        for key, default in (("description", ""), ("stages", []),
+        for key, default in (("description", ""), ("stages", []), ("kind", DEFAULT_KIND),
                              ("contrastive", dataclasses.asdict(ContrastiveConfig()))):
             if out[key] == default:  # MLM-only runs keep the config.yaml they always had
                 out.pop(key)

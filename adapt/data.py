@@ -528,3 +528,17 @@ def iter_eval_batches(blocks, batch_size: int, *, rank: int = 0, world_size: int
             return
         idx = np.array_split(np.arange(start, min(start + step, len(blocks))), world_size)[rank]
         yield np.asarray(blocks[idx])
+
+
+def resolve_data_sources(sources: list[str]) -> list[str]:
+    """``gensim:NAME`` names a file of gensim's test data (real text that installs from PyPI)."""
+    out = []
+    for s in sources:
+        if s.startswith("gensim:"):
+            try:
+                from gensim.test.utils import datapath
+            except ImportError:
+                raise DataError(f"{s}: pip install gensim==4.4.0 to use gensim's test data") from None
+            s = datapath(s.split(":", 1)[1])
+        out.append(s)
+    return out

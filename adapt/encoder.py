@@ -26,10 +26,12 @@ from typing import Iterable, Iterator
 import numpy as np
 import torch
 
-from adapt.arch import facts_for
+from adapt.arch import facts_for, preferred_attention
 from adapt.bidirectional import is_bidirectional, make_bidirectional, position_ids_from_mask, prepare_config
 from adapt.errors import ConfigError, ModelLoadError
-from adapt.export import POOLINGS, parse_dtype, pooling_name, preferred_attention, read_st_settings
+from adapt.export import read_st_settings
+from adapt.loading import parse_dtype, resolve_source
+from adapt.pooling import POOLINGS, pool, pooling_name
 
 
 class EncodeWarning(UserWarning):
@@ -219,26 +221,6 @@ def _batches(order: list[int], lengths: list[int], batch_size: int, max_tokens: 
     return out
 
 
-def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: str, prompt_length: int = 0) -> torch.Tensor:
-    """Pool right-padded ``hidden`` (B, T, H) under ``mask`` (B, T) as sentence-transformers' Pooling does."""
-    if prompt_length:
-        mask = mask.clone()
-        mask[:, :prompt_length] = 0
-    m = mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
-    if pooling == "mean":
-        return (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
-    if pooling == "weightedmean":
-        w = m * torch.arange(1, hidden.shape[1] + 1, device=hidden.device, dtype=hidden.dtype).view(1, -1, 1)
-        return (hidden * w).sum(1) / w.sum(1).clamp(min=1e-9)
-    if pooling == "last":
-        values, indices = mask.flip(1).max(1)
-        last = hidden.shape[1] - 1 - torch.where(values == 0, hidden.shape[1] - 1, indices)
-        return (hidden * m)[torch.arange(hidden.shape[0]), last]
-    if pooling == "cls":
-        return hidden[torch.arange(hidden.shape[0]), mask.to(torch.int).argmax(1)]
-    raise ConfigError(f"unknown pooling {pooling!r}: choose one of {', '.join(POOLINGS)}")
-
-
 def load_encoder(source, *, pooling: str | None = None, bidirectional: bool | None = None,
                  normalize: bool | None = None, dtype="auto", device: str | None = None,
                  max_length: int | None = None, trust_remote_code: bool = False) -> Encoder:
@@ -253,8 +235,6 @@ def load_encoder(source, *, pooling: str | None = None, bidirectional: bool | No
     gguf_file = None
     if isinstance(source, str) and source.startswith("py:") or str(source).lower().endswith(".gguf") or (
             Path(source).is_dir() and not (Path(source) / "config.json").exists() and any(Path(source).glob("*.gguf"))):
-        from adapt.loading import resolve_source  # a GGUF file, or a package that ships one: dequantized on load
-
         resolved = resolve_source(str(source))
         source, gguf_file = resolved.path, resolved.gguf_file
     path = Path(source)

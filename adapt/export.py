@@ -23,43 +23,16 @@ from pathlib import Path
 
 import torch
 
-from adapt.arch import facts_for
+from adapt.arch import preferred_attention
 from adapt.bidirectional import assert_bidirectional, is_bidirectional
 from adapt.errors import ConfigError, ModelLoadError, NotBidirectionalError
+from adapt.io_utils import atomic_write_text, read_json
+from adapt.layout import RUN
+from adapt.loading import parse_dtype
+from adapt.pooling import POOLINGS, pooling_name
 
-# adapt's pooling names -> sentence-transformers' pooling_mode (and back, with aliases).
-POOLINGS = {"mean": "mean", "weightedmean": "weightedmean", "last": "lasttoken", "cls": "cls"}
-_POOLING_ALIASES = {"weighted_mean": "weightedmean", "weighted-mean": "weightedmean", "lasttoken": "last",
-                    "last_token": "last", "last-token": "last", "first": "cls", "first_token": "cls"}
-_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-           "half": torch.float16, "fp32": torch.float32, "float32": torch.float32, "float": torch.float32}
 MANIFEST = "adapt_export.json"
-RUN_DIR = "run"
 _TEXT_ONLY = {"text": {"method": "forward", "method_output_name": "last_hidden_state"}}
-
-
-def pooling_name(pooling: str) -> str:
-    """adapt's canonical pooling name for ``pooling`` (also accepts sentence-transformers' mode names)."""
-    name = _POOLING_ALIASES.get(str(pooling).lower(), str(pooling).lower())
-    if name not in POOLINGS:
-        raise ConfigError(f"unknown pooling {pooling!r}: choose one of {', '.join(POOLINGS)}")
-    return name
-
-
-def parse_dtype(dtype) -> torch.dtype | None:
-    """``"bf16"``/``"fp16"``/``"fp32"`` (or a torch dtype) -> torch dtype; ``None``/``"auto"`` -> None."""
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    if str(dtype).lower() == "auto":
-        return None
-    if str(dtype).lower() not in _DTYPES:
-        raise ConfigError(f"unknown dtype {dtype!r}: choose bf16, fp16, fp32 or auto")
-    return _DTYPES[str(dtype).lower()]
-
-
-def preferred_attention(config) -> str:
-    """The attention implementation under which this family honours ``is_causal=False``."""
-    return facts_for(config).attn_implementations[0]
 
 
 def pin_attention(folder, attn: str) -> None:
@@ -201,9 +174,9 @@ def _move_into(built: Path, out_dir: Path) -> None:
             stale = set(json.loads(old_manifest.read_text(encoding="utf-8")).get("files", [])) - new
         except (json.JSONDecodeError, OSError):
             stale = set()
-        for name in stale - {RUN_DIR}:
+        for name in stale - {RUN}:
             _remove(out_dir / name)
-    for name in sorted(new - {"modules.json", RUN_DIR}):
+    for name in sorted(new - {"modules.json", RUN}):
         _remove(out_dir / name)
         os.replace(built / name, out_dir / name)
     os.replace(built / "modules.json", out_dir / "modules.json")
@@ -233,13 +206,13 @@ def read_st_settings(folder) -> dict | None:
         kind, path = module.get("type", "").rsplit(".", 1)[-1], folder / module.get("path", "")
         if kind == "Transformer" and out["transformer_path"] is None:
             out["transformer_path"] = path
-            cfg = _read_json(path / "sentence_bert_config.json")
+            cfg = read_json(path / "sentence_bert_config.json")
             out["max_seq_length"] = cfg.get("max_seq_length")
             out["do_lower_case"] = bool(cfg.get("do_lower_case", False))
             out["attn_implementation"] = (cfg.get("model_kwargs") or cfg.get("model_args") or {}).get(
                 "attn_implementation")
         elif kind == "Pooling":
-            cfg = _read_json(path / "config.json")
+            cfg = read_json(path / "config.json")
             mode = cfg.get("pooling_mode") or [m for k, m in _LEGACY_MODES.items() if cfg.get(k)] or "mean"
             mode = mode[0] if isinstance(mode, list) and len(mode) == 1 else mode
             if isinstance(mode, (list, tuple)) or mode not in POOLINGS.values():
@@ -251,7 +224,7 @@ def read_st_settings(folder) -> dict | None:
             out["normalize"] = True
         else:
             out["unsupported"].append(f"module {kind}")
-    st_cfg = _read_json(folder / "config_sentence_transformers.json")
+    st_cfg = read_json(folder / "config_sentence_transformers.json")
     out["prompts"] = dict(st_cfg.get("prompts") or {})
     out["default_prompt_name"] = st_cfg.get("default_prompt_name")
     if out["transformer_path"] is None:
@@ -264,111 +237,14 @@ _LEGACY_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "ma
                  "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken"}
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return {}
-
-
-def _model_folder(source: Path) -> Path:
-    """The transformers model folder inside ``source`` (itself, or a ``model/`` in it)."""
-    for candidate in (source, source / "model"):
-        if (candidate / "config.json").is_file():
-            return candidate
-    if (source / "adapter_config.json").is_file():
-        raise ModelLoadError(f"{source} holds a LoRA adapter, not a model: merge it into its base and save the "
-                             "merged model (adapt.tuning merge) before exporting it")
-    raise ModelLoadError(f"{source} is not a model folder: no config.json in it or in {source / 'model'}")
-
-
-def _tokenizer_folder(model_dir: Path) -> Path:
-    """The nearest folder at or above ``model_dir`` (up to a run folder's root) with tokenizer files."""
-    for folder in [model_dir, *model_dir.parents][:5]:
-        if (folder / "tokenizer_config.json").is_file() or (folder / "tokenizer.json").is_file():
-            return folder
-    raise ModelLoadError(f"no tokenizer found in {model_dir} or the folders above it")
-
-
-def export_from_path(source, out_dir, *, pooling: str | None = None, normalize: bool | None = None,
-                     max_seq_length: int | None = None, prompts: dict[str, str] | None = None, dtype=None,
-                     card: dict | None = None) -> Path:
-    """``adapt export SOURCE -o DIR``: re-export a converted run folder, an exported encoder or a checkpoint.
-
-    ``SOURCE`` is a folder with ``config.json`` + safetensors (a converted/exported encoder), or a
-    training checkpoint ``OUT/run/checkpoints/step-N`` (or ``OUT/run/checkpoints``: the newest; also
-    ``OUT`` of a run that died before its export), rebuilt by :mod:`adapt.checkpoint`. Settings left
-    as None are taken from the source's previous export (``adapt_export.json``) or, for a checkpoint,
-    from the run's ``export`` section; else mean pooling, no normalization, 512 tokens, no prompts.
-    The source must already be bidirectional (``is_causal: false``).
-    """
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
-
-    source = Path(source)
-    if not source.is_dir():
-        raise ModelLoadError(f"{source} is not a folder")
-    if not (source / "config.json").is_file():
-        from adapt.checkpoint import find_checkpoint
-
-        ckpt = find_checkpoint(source)
-        if ckpt is not None:
-            return _export_checkpoint(ckpt, out_dir, pooling=pooling, normalize=normalize,
-                                      max_seq_length=max_seq_length, prompts=prompts, dtype=dtype, card=card)
-    model_dir = _model_folder(source)
-    previous = _read_json(model_dir / MANIFEST)
-    try:
-        config = AutoConfig.from_pretrained(model_dir)
-    except Exception as err:  # noqa: BLE001
-        raise ModelLoadError(f"{model_dir}: cannot read config.json: {err}") from err
-    if not is_bidirectional(config):
-        raise NotBidirectionalError(f"{model_dir} is a causal '{config.model_type}' model (config.is_causal is "
-                                    "not False): convert it with `adapt convert` before exporting it")
-    try:
-        model = AutoModel.from_pretrained(model_dir, config=config, attn_implementation=preferred_attention(config))
-        tokenizer = AutoTokenizer.from_pretrained(_tokenizer_folder(model_dir))
-    except Exception as err:  # noqa: BLE001
-        raise ModelLoadError(f"{model_dir}: cannot load the model or tokenizer: {err}") from err
-    return export_encoder(
-        model, tokenizer, out_dir,
-        pooling=pooling or previous.get("pooling", "mean"),
-        normalize=previous.get("normalize", False) if normalize is None else normalize,
-        max_seq_length=max_seq_length or previous.get("max_seq_length") or 512,
-        prompts=previous.get("prompts") if prompts is None else prompts,
-        dtype=dtype if dtype is not None else previous.get("dtype"),
-        card={**previous.get("card", {}), **(card or {})},
-        source=previous.get("source") or str(source))
-
-
-def _export_checkpoint(ckpt: Path, out_dir, *, pooling, normalize, max_seq_length, prompts, dtype, card) -> Path:
-    """Export a training checkpoint: the run rebuilt from its config, LoRA merged; settings default to the run's."""
-    from adapt.checkpoint import load_checkpoint_model
-
-    loaded = load_checkpoint_model(ckpt)
-    cfg, run_dir = loaded.config, ckpt.parent.parent
-    summary = _read_json(run_dir / "summary.json")
-    facts = {"source": cfg.model.source, "checkpoint": f"{ckpt.name} (step {loaded.step} of {cfg.train.max_steps})",
-             "objective": cfg.objective.schedule, "tuning": cfg.tuning.method, "recipe": cfg.to_dict()}
-    if summary.get("final_eval"):
-        facts["final_eval (end of the run)"] = summary["final_eval"]
-    exp = cfg.export
-    return export_encoder(loaded.model, loaded.tokenizer, out_dir, pooling=pooling or exp.pooling,
-                          normalize=exp.normalize if normalize is None else normalize,
-                          max_seq_length=max_seq_length or exp.max_seq_length,
-                          prompts=(exp.prompts or None) if prompts is None else prompts,
-                          dtype=dtype if dtype is not None else exp.dtype, card={**facts, **(card or {})},
-                          source=cfg.model.source)
-
-
 def record_bench(folder, scores: dict[str, str]) -> bool:
     """Put ``scores`` (``{"task (metric)": "value ..."}``) in the model card of an encoder adapt exported.
 
     Rewrites ``adapt_export.json`` and ``README.md`` (each atomically); the weights are not touched.
     Returns False, changing nothing, for a folder adapt did not export.
     """
-    from adapt.io_utils import atomic_write_text
-
     folder = Path(folder)
-    manifest = _read_json(folder / MANIFEST)
+    manifest = read_json(folder / MANIFEST)
     if not manifest.get("adapt_export") or not scores:
         return False
     manifest["card"] = {**(manifest.get("card") or {}), "bench": dict(scores)}

@@ -32,11 +32,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from adapt.arch import facts_for
+from adapt.arch import facts_for, preferred_attention
 from adapt.bidirectional import assert_bidirectional, prepare_config
 from adapt.embed_io import _lines, read_records, read_texts
 from adapt.errors import ConfigError, DataError, ModelLoadError, OutputExistsError
-from adapt.export import pin_attention, preferred_attention, read_st_settings
+from adapt.export import pin_attention, read_st_settings
 from adapt.io_utils import atomic_path
 
 MARKER = "adapt_classifier.json"

@@ -46,6 +46,14 @@ def append_jsonl(path: str | os.PathLike, record: dict) -> None:
         os.fsync(f.fileno())
 
 
+def read_json(path: str | os.PathLike) -> dict:
+    """A JSON object from ``path``; {} when the file is missing or not valid JSON (optional metadata)."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
     out = []
     p = Path(path)

@@ -17,11 +17,25 @@ import torch
 from adapt.arch import facts_for
 from adapt.bidirectional import prepare_config
 from adapt.config import ModelConfig, TuningConfig
-from adapt.errors import ModelLoadError
+from adapt.errors import ConfigError, ModelLoadError
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPE_ALIASES = {"bf16": torch.bfloat16, "fp16": torch.float16, "half": torch.float16, "fp32": torch.float32,
+                  "float": torch.float32, **DTYPES}
+
+
+def parse_dtype(dtype) -> torch.dtype | None:
+    """``"bf16"``/``"fp16"``/``"fp32"`` (or a torch dtype) -> torch dtype; ``None``/``"auto"`` -> None."""
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    name = str(dtype).lower()
+    if name == "auto":
+        return None
+    if name not in _DTYPE_ALIASES:
+        raise ConfigError(f"unknown dtype {dtype!r}: choose bf16, fp16, fp32 or auto")
+    return _DTYPE_ALIASES[name]
 
 
 @dataclass

@@ -33,14 +33,19 @@ from pathlib import Path
 
 import yaml
 
-from adapt.config import SECTIONS, STAGE_KINDS, RunConfig, apply_overrides, check_stages, load_preset
-from adapt.errors import ConfigError, OutputExistsError
+from adapt import layout
+from adapt.arch import preferred_attention
+from adapt.config import SECTIONS, RunConfig, apply_overrides, check_stages, load_preset
+from adapt.errors import ConfigError
+from adapt.export import MANIFEST, export_encoder
 from adapt.io_utils import atomic_write_json, atomic_write_text
+from adapt.loading import parse_dtype
+from adapt.objectives import build_objective, forced_settings, kinds, registry
+from adapt.runner import probe_saved, run_stage
 
 log = logging.getLogger(__name__)
 
-RUN, STAGES = "run", "stages"
-MASKED_KINDS = ("mlm", "mntp")
+RUN, STAGES = layout.RUN, layout.STAGES
 
 
 @dataclass
@@ -68,12 +73,12 @@ class StagesResult:
 
 def parse_stages(stages) -> list[str]:
     """``"mlm,simcse"`` or ``["mlm", "simcse"]`` -> checked kinds."""
-    kinds = [s.strip() for s in stages.split(",")] if isinstance(stages, str) else list(stages or [])
-    kinds = [k for k in kinds if k]
-    for k in kinds:
-        if k not in STAGE_KINDS:
-            raise ConfigError(f"unknown stage {k!r}: stages are {', '.join(STAGE_KINDS)} (e.g. --stages mlm,simcse)")
-    return kinds
+    names = [s.strip() for s in stages.split(",")] if isinstance(stages, str) else list(stages or [])
+    names = [k for k in names if k]
+    for k in names:
+        if k not in registry():
+            raise ConfigError(f"unknown stage {k!r}: stages are {', '.join(kinds())} (e.g. --stages mlm,simcse)")
+    return names
 
 
 def uses_stages(*, stages=None, pairs=None, preset=None) -> bool:
@@ -113,17 +118,21 @@ def plan_stages(source, out, *, stages=None, pairs=None, preset=None, overrides=
     out = Path(out).expanduser().resolve()
     raw = load_preset(preset) if preset else {}
     preset_stages = check_stages(raw.pop("stages", None) or [])
-    kinds = parse_stages(stages) if stages else [s["kind"] if isinstance(s, dict) else s for s in preset_stages]
-    if not kinds:
-        raise ConfigError("no stages: pass --stages mlm,simcse (kinds: " + ", ".join(STAGE_KINDS) +
+    for i, entry in enumerate(preset_stages, 1):
+        kind = entry["kind"] if isinstance(entry, dict) else entry
+        if kind not in registry():
+            raise ConfigError(f"stage {i}: kind must be one of {', '.join(kinds())}, not {kind!r}")
+    kinds_ = parse_stages(stages) if stages else [s["kind"] if isinstance(s, dict) else s for s in preset_stages]
+    if not kinds_:
+        raise ConfigError("no stages: pass --stages mlm,simcse (kinds: " + ", ".join(kinds()) +
                           ") or a preset with a `stages` list")
-    if pairs and "contrastive" not in kinds:
+    if pairs and "contrastive" not in kinds_:
         raise ConfigError("--pairs is used by a `contrastive` stage: add one, e.g. --stages mlm,contrastive")
     unused = list(preset_stages)
-    common, per_stage = _split_overrides(list(overrides), kinds)
+    common, per_stage = _split_overrides(list(overrides), kinds_)
     description = raw.pop("description", "") or ""
     plan: list[Stage] = []
-    for i, kind in enumerate(kinds, 1):
+    for i, kind in enumerate(kinds_, 1):
         entry = next((s for s in unused if (s["kind"] if isinstance(s, dict) else s) == kind), None)
         if entry is not None:
             unused.remove(entry)
@@ -131,18 +140,17 @@ def plan_stages(source, out, *, stages=None, pairs=None, preset=None, overrides=
         stage_raw = _merge(raw, own)
         explicit = {("model", "source"): source if i == 1 else None, ("data", "sources"): list(data) if data else None,
                     ("tuning", "method"): tuning, ("train", "max_steps"): max_steps,
-                    ("objective", "schedule"): objective if kind in MASKED_KINDS else None,
+                    ("objective", "schedule"): objective if registry()[kind][0].uses_lm_head else None,
                     ("contrastive", "pairs"): str(pairs) if pairs and kind == "contrastive" else None}
         for (section, name), value in explicit.items():
             if value is not None:
                 stage_raw[section] = {**(stage_raw.get(section) or {}), name: value}
         stage_raw = apply_overrides(stage_raw, common + per_stage[i])
-        forced = {"mntp": {"objective": {"schedule": "mntp"}}, "simcse": {"contrastive": {"loss": "simcse"}},
-                  "contrastive": {"contrastive": {"loss": "pairs"}}}.get(kind, {})
+        forced = _merge(forced_settings(kind), {"kind": kind})
         if i > 1:  # chained: start from the previous stage's merged encoder (a local safetensors folder)
             forced = _merge(forced, {"model": {"source": str(plan[-1].dir), "gguf_file": None, "revision": None}})
         stage_raw = _merge(stage_raw, forced)
-        stage_raw["description"] = f"{description.strip()} [stage {i}/{len(kinds)}: {kind}]".strip()
+        stage_raw["description"] = f"{description.strip()} [stage {i}/{len(kinds_)}: {kind}]".strip()
         try:
             cfg = RunConfig.from_dict(stage_raw)
         except ConfigError as e:
@@ -162,6 +170,7 @@ def chain_preset(plan: list[Stage]) -> dict:
     """A preset that reruns ``plan``: stage 1's settings plus, per stage, the sections that differ."""
     base = plan[0].config.to_dict()
     base.pop("description", None)
+    base.pop("kind", None)
     entries = []
     for stage in plan:
         mine = stage.config.to_dict()
@@ -178,51 +187,16 @@ def chain_preset(plan: list[Stage]) -> dict:
     return {**({"description": description} if description else {}), **base, "stages": entries}
 
 
-def _comparable(cfg_dict: dict) -> dict:
-    d = copy.deepcopy(cfg_dict)
-    (d.get("train") or {}).pop("max_steps", None)
-    return d
-
-
 def _prepare_out(out: Path, plan: list[Stage], *, resume: bool, overwrite: bool) -> None:
-    saved = out / RUN / STAGES
-    if out.exists() and any(out.iterdir()):
-        if overwrite:
-            shutil.rmtree(out)
-        elif resume and saved.is_dir():
-            names = sorted(p.stem for p in saved.glob("*.yaml"))
-            if names != sorted(s.name for s in plan):
-                raise ConfigError(f"--resume: {out} holds stages {names}, not {[s.name for s in plan]}; resume with "
-                                  "the same --stages, or use --overwrite")
-            for stage in plan:
-                old = RunConfig.from_dict(yaml.safe_load((saved / f"{stage.name}.yaml").read_text())).to_dict()
-                a, b = _comparable(old), _comparable(stage.config.to_dict())
-                if a != b:
-                    keys = sorted(f"{s}.{k}" for s in set(a) | set(b) if isinstance(a.get(s, b.get(s)), dict)
-                                  for k in set(a.get(s) or {}) | set(b.get(s) or {})
-                                  if (a.get(s) or {}).get(k) != (b.get(s) or {}).get(k))
-                    raise ConfigError(f"--resume: stage {stage.name}'s settings differ from the run in {out} "
-                                      f"({', '.join(keys) or 'description'}); resume with the same command (only "
-                                      "train.max_steps of an unfinished stage may change), or use --overwrite")
-        elif resume:
-            raise OutputExistsError(f"{out} is not empty and holds no staged adapt run to resume; choose another -o")
-        else:
-            what = "another adapt run" if (out / RUN).exists() else "files"
-            raise OutputExistsError(f"{out} already holds {what}: pass --resume to continue it, --overwrite to "
-                                    "replace it, or choose another -o")
-    (out / RUN / STAGES).mkdir(parents=True, exist_ok=True)
-    for stage in plan:
-        atomic_write_text(out / RUN / STAGES / f"{stage.name}.yaml", stage.config.to_yaml())
+    layout.prepare_out(out, {stage.name: stage.config for stage in plan}, resume=resume, overwrite=overwrite)
     atomic_write_text(out / RUN / "config.yaml", yaml.safe_dump(chain_preset(plan), sort_keys=False))
 
 
 def _validate_data(plan: list[Stage]) -> None:
     """Read every pairs file once before stage 1, so a bad line fails now, not after hours of MLM."""
-    from adapt.contrastive import load_pairs
-
     for stage in plan:
-        if stage.kind == "contrastive":
-            load_pairs(stage.config.contrastive.pairs, max_pairs=stage.config.contrastive.max_texts)
+        if stage.config.contrastive.pairs:
+            build_objective(stage.config).read_data()
 
 
 def _reset_accelerate() -> None:
@@ -244,9 +218,6 @@ def run_stages(source, out, *, stages=None, pairs=None, preset=None, overrides=(
     """
     from accelerate import PartialState
     from accelerate.utils import parse_flag_from_env
-
-    from adapt.contrastive import train_contrastive
-    from adapt.convert import convert
 
     t0 = time.perf_counter()
     out = Path(out).expanduser().resolve()
@@ -270,12 +241,7 @@ def run_stages(source, out, *, stages=None, pairs=None, preset=None, overrides=(
         if show_progress and state.is_main_process:
             print(f"stage {stage.index}/{len(plan)}: {stage.kind} -> {stage.dir}", flush=True)
         _reset_accelerate()
-        if stage.kind in MASKED_KINDS:
-            result = convert(None, stage.dir, preset=str(out / RUN / STAGES / f"{stage.name}.yaml"),
-                             resume=started, show_progress=show_progress)
-        else:
-            result = train_contrastive(stage.config, stage.dir, resume=started, show_progress=show_progress)
-        summaries[stage.name] = result.summary
+        summaries[stage.name] = run_stage(stage.config, stage.dir, resume=started, show_progress=show_progress).summary
     summary = {}
     if state.is_main_process:
         summary = _publish(plan, out, summaries)
@@ -288,9 +254,6 @@ def run_stages(source, out, *, stages=None, pairs=None, preset=None, overrides=(
 def _publish(plan: list[Stage], out: Path, summaries: dict) -> dict:
     """Export the last stage's encoder at ``out``'s root (reloaded as a user would, probed again)."""
     from transformers import AutoConfig, AutoModel, AutoTokenizer
-
-    from adapt.convert import _probe_saved
-    from adapt.export import MANIFEST, export_encoder, parse_dtype, preferred_attention
 
     last = plan[-1].dir
     manifest = json.loads((last / MANIFEST).read_text(encoding="utf-8"))
@@ -308,4 +271,4 @@ def _publish(plan: list[Stage], out: Path, summaries: dict) -> dict:
                    max_seq_length=manifest["max_seq_length"], prompts=manifest.get("prompts") or None, dtype=dtype,
                    card=card, source=source)
     return {"source": source, "stages": [s.name for s in plan], "per_stage": summaries,
-            "final": str(plan[-1].dir), "probe_after": _probe_saved(out).to_dict()}
+            "final": str(plan[-1].dir), "probe_after": probe_saved(out).to_dict()}

@@ -1,18 +1,18 @@
-"""The training loop on Accelerate: accumulation, warmup/decay, eval, checkpoints, exact resume.
+"""The one training loop, on Accelerate: accumulation, warmup/decay, eval, checkpoints, exact resume.
 
-Launch on one process through ``adapt convert``; on several with
+Every stage trains here; what it trains is an objective (:mod:`adapt.objectives`), which the loop
+does not look into. Launch on one process through ``adapt convert``; on several with
 ``accelerate launch --config_file presets/accelerate/ddp.yaml -m adapt convert ...``.
 
-Exact resume: batch k of a run and its mask are pure functions of (seed, k, rank), and checkpoints
-hold model, optimizer, scheduler and RNG states, so a run resumed from step N continues exactly as
-the uninterrupted run would have.
+Exact resume: objectives make batch k (and its mask) a pure function of (seed, k, rank), and
+checkpoints hold model, optimizer, scheduler and RNG states, so a run resumed from step N continues
+exactly as the uninterrupted run would have.
 """
 from __future__ import annotations
 
 import json
 import logging
 import math
-import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -21,13 +21,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from adapt.config import RunConfig
+from adapt.config import TrainConfig
 from adapt.errors import TrainingError
 from adapt.io_utils import append_jsonl, atomic_path, atomic_write_json, atomic_write_text, read_jsonl
+from adapt.layout import CHECKPOINTS, METRICS, STATE_FILE, checkpoint_dirs, checkpoint_name
 
 log = logging.getLogger(__name__)
-
-STATE_FILE = "trainer_state.json"
 
 
 @dataclass
@@ -39,68 +38,65 @@ class TrainResult:
     metrics_path: Path
 
 
-def checkpoint_dirs(run_dir: Path) -> list[Path]:
-    """Complete checkpoints (their state file is written last), oldest first."""
-    root = Path(run_dir) / "checkpoints"
-    found = [p for p in root.glob("step-*") if re.fullmatch(r"step-\d+", p.name) and (p / STATE_FILE).exists()]
-    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+def build_accelerator(train: TrainConfig, project_dir, gradient_accumulation_steps: int = 1):
+    """The run's one Accelerator: precision, accumulation and the trackers of ``train.trackers``."""
+    from accelerate import Accelerator
+
+    return Accelerator(gradient_accumulation_steps=gradient_accumulation_steps, mixed_precision=train.mixed_precision,
+                       log_with=available_trackers(train.trackers) or None, project_dir=str(project_dir))
 
 
-def _mask_generator(seed: int, stream: int, index: int, rank: int = 0) -> torch.Generator:
-    """Masks are a pure function of (seed, stream, index, rank): stream 0 trains, stream 1 evaluates."""
-    state = np.random.SeedSequence([seed, stream, index, rank]).generate_state(1)[0]
-    return torch.Generator().manual_seed(int(state))
+def build_optimizer(model, train: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters, no weight decay on 1-D ones (norms, biases)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise TrainingError("the model has no trainable parameters: check tuning.method and target_modules")
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": train.weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    try:
+        # The fused kernel: one pass over all parameters instead of a loop of small ops; about
+        # 10x faster for the optimizer step of a 135M model on CPU (benchmarks/train_throughput.py).
+        return torch.optim.AdamW(groups, lr=train.lr, fused=True)
+    except (RuntimeError, TypeError, ValueError):  # a dtype or device without the fused kernel
+        return torch.optim.AdamW(groups, lr=train.lr)
+
+
+def build_scheduler(optimizer, train: TrainConfig):
+    """Warmup then cosine, linear or constant decay over ``train.max_steps`` optimizer steps."""
+    from transformers import get_scheduler
+
+    name = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}[train.scheduler]
+    return get_scheduler(name, optimizer, num_warmup_steps=int(train.warmup_ratio * train.max_steps),
+                         num_training_steps=train.max_steps)
 
 
 class Trainer:
-    def __init__(self, model, *, store, cfg: RunConfig, run_dir: Path, mask_token_id: int | None, special_ids,
-                 vocab_size: int, accelerator=None, show_progress: bool = True, wrapper: torch.nn.Module | None = None):
-        """``wrapper``: the module to train instead of ``LabeledPositionsLM(model)``; a subclass that passes
-        one overrides :meth:`begin`, :meth:`train_step` and :meth:`evaluate` (``adapt.contrastive`` does)."""
-        from accelerate import Accelerator
-        from transformers import get_scheduler
+    """The loop: ``objective`` supplies the module, the data and each micro-batch's forward and backward.
 
-        from adapt.objectives import LabeledPositionsLM, ObjectiveSchedule
+    One optimizer step is ``objective.micro_batches`` micro-batches under ``accelerator.accumulate``,
+    then clipping, the optimizer and the scheduler. The loop evaluates, logs (metrics.jsonl and the
+    Accelerate trackers), checkpoints, resumes, stops on a NaN loss and saves on Ctrl-C.
+    """
 
-        self.cfg, self.tcfg = cfg, cfg.train
+    def __init__(self, model, objective, *, train: TrainConfig, run_dir: Path, accelerator,
+                 show_progress: bool = True):
+        self.objective, self.tcfg, self.accelerator = objective, train, accelerator
         self.run_dir = Path(run_dir)
-        self.store = store
-        self.mask_token_id, self.special_ids = mask_token_id, list(special_ids)
-        self.vocab_size = vocab_size  # len(tokenizer): random replacements never use padding rows
-        self.schedule = ObjectiveSchedule(cfg.objective.schedule, seed=cfg.train.seed)
         self.show_progress = show_progress
-        self.accelerator = accelerator or Accelerator(
-            gradient_accumulation_steps=self.tcfg.grad_accum, mixed_precision=self.tcfg.mixed_precision,
-            log_with=_available_trackers(self.tcfg.trackers) or None, project_dir=str(self.run_dir))
-        acc = self.accelerator
-        params = [p for p in model.parameters() if p.requires_grad]
-        if not params:
-            raise TrainingError("the model has no trainable parameters: check tuning.method and target_modules")
-        decay = [p for p in params if p.ndim >= 2]
-        no_decay = [p for p in params if p.ndim < 2]
-        groups = [{"params": decay, "weight_decay": self.tcfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        try:
-            # The fused kernel: one pass over all parameters instead of a loop of small ops; about
-            # 10x faster for the optimizer step of a 135M model on CPU (benchmarks/train_throughput.py).
-            optimizer = torch.optim.AdamW(groups, lr=self.tcfg.lr, fused=True)
-        except (RuntimeError, TypeError, ValueError):  # a dtype or device without the fused kernel
-            optimizer = torch.optim.AdamW(groups, lr=self.tcfg.lr)
-        name = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}[self.tcfg.scheduler]
+        optimizer = build_optimizer(model, train)
         # Stepped by hand once per optimizer step (not prepared: Accelerate would step it per process).
-        self.scheduler = get_scheduler(name, optimizer, num_warmup_steps=int(self.tcfg.warmup_ratio * self.tcfg.max_steps),
-                                       num_training_steps=self.tcfg.max_steps)
-        self.wrapper, self.optimizer = acc.prepare(wrapper if wrapper is not None else LabeledPositionsLM(model),
-                                                   optimizer)
-        acc.register_for_checkpointing(self.scheduler)
+        self.scheduler = build_scheduler(optimizer, train)
+        self.module, self.optimizer = accelerator.prepare(objective.module(model), optimizer)
+        accelerator.register_for_checkpointing(self.scheduler)
         self.model = model
         self.step, self.tokens = 0, 0
-        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.metrics_path = self.run_dir / METRICS
         self.last_eval: dict = {}
 
     # ---- checkpoints -----------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
         acc = self.accelerator
-        final = self.run_dir / "checkpoints" / f"step-{self.step:06d}"
+        final = self.run_dir / CHECKPOINTS / checkpoint_name(self.step)
         tmp = final.with_name(final.name + ".tmp")
         if acc.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -132,51 +128,13 @@ class Trainer:
         return True
 
     # ---- steps -----------------------------------------------------------------------------
-    def _batch(self, blocks: np.ndarray, objective: str, gen: torch.Generator):
-        from adapt.objectives import mask_batch
-
-        ids = torch.from_numpy(blocks.astype(np.int64))
-        inputs, labels = mask_batch(ids, objective, mask_token_id=self.mask_token_id, vocab_size=self.vocab_size,
-                                    special_ids=self.special_ids, ratio=self.cfg.objective.mask_ratio,
-                                    replacement=self.cfg.objective.replacement, generator=gen)
-        dev = self.accelerator.device
-        return inputs.to(dev), labels.to(dev)
-
-    @torch.no_grad()
     def evaluate(self) -> dict:
-        """Loss and accuracy on held-out blocks with fixed masks, per objective of the schedule."""
-        self.wrapper.eval()
-        out = {}
-        bs, n = self.tcfg.batch_size, self.tcfg.eval_batches
-        blocks = self.store.eval[: bs * n]
-        for objective in sorted(self.schedule.objectives):
-            loss_sum, n_lab, n_ok = 0.0, 0, 0
-            for i in range(0, len(blocks), bs):
-                inputs, labels = self._batch(np.asarray(blocks[i:i + bs]), objective, _mask_generator(self.tcfg.seed, 1, i))
-                res = self.wrapper(input_ids=inputs, labels=labels, causal=objective == "clm")
-                k = int(res["n_labels"])
-                loss_sum += float(res["loss"]) * k
-                n_lab += k
-                n_ok += int(res["n_correct"])
-            out[f"eval/{objective}_loss"] = loss_sum / max(n_lab, 1)
-            out[f"eval/{objective}_acc"] = n_ok / max(n_lab, 1)
-        self.wrapper.train()
-        return out
+        return self.objective.evaluate(self.module, self.accelerator)
 
     def _log(self, record: dict) -> None:
         if self.accelerator.is_main_process:
             append_jsonl(self.metrics_path, record)
         self.accelerator.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=record["step"])
-
-    def begin(self) -> None:
-        """Position the data at ``self.step`` (after a resume); called once before the first step."""
-        from adapt.data import batch_iterator
-
-        acc, t = self.accelerator, self.tcfg
-        self._micro = self.step * t.grad_accum
-        self._batches = batch_iterator(self.store.train, t.batch_size, seed=t.seed, start_step=self._micro,
-                                       rank=acc.process_index, world_size=acc.num_processes)
-        self._tokens_per_micro = t.batch_size * self.store.train.shape[1] * acc.num_processes
 
     def check_finite(self, loss: torch.Tensor, what: str) -> None:
         """Stop (on every process) with a TrainingError naming the last good checkpoint if a loss is NaN/inf."""
@@ -190,25 +148,20 @@ class Trainer:
                 f"{keep}. Lower train.lr, or use train.mixed_precision=bf16 instead of fp16, then --resume.")
 
     def train_step(self) -> tuple[str, list[float], int]:
-        """One optimizer step (without the scheduler): returns (objective, micro-batch losses, tokens seen)."""
+        """One optimizer step (without the scheduler): returns (what trained, micro-batch losses, tokens seen)."""
         acc, t = self.accelerator, self.tcfg
-        objective = self.schedule.objective_at(self.step, t.max_steps)
-        losses = []
-        for _ in range(t.grad_accum):
-            inputs, labels = self._batch(next(self._batches), objective,
-                                         _mask_generator(t.seed, 0, self._micro, acc.process_index))
-            with acc.accumulate(self.wrapper):
-                res = self.wrapper(input_ids=inputs, labels=labels, causal=objective == "clm")
-                loss = res["loss"]
-                self.check_finite(loss, objective)
-                acc.backward(loss)
+        losses, tokens, label = [], 0, ""
+        for _ in range(self.objective.micro_batches):
+            with acc.accumulate(self.module):
+                out = self.objective.step(self.module, acc, self.step)
+                self.check_finite(out.loss, out.label)  # before the update: a NaN never reaches the weights
                 if acc.sync_gradients and t.max_grad_norm > 0:
-                    acc.clip_grad_norm_(self.wrapper.parameters(), t.max_grad_norm)
+                    acc.clip_grad_norm_(self.module.parameters(), t.max_grad_norm)
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
-            losses.append(float(loss.detach()))
-            self._micro += 1
-        return objective, losses, self._tokens_per_micro * t.grad_accum
+            losses.append(float(out.loss))
+            tokens, label = tokens + out.tokens, out.label
+        return label, losses, tokens
 
     def fit(self, *, resume: bool = False) -> TrainResult:
         from tqdm.auto import tqdm
@@ -219,15 +172,16 @@ class Trainer:
         if acc.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         if t.trackers:
-            acc.init_trackers("adapt", config={"lr": t.lr, "max_steps": t.max_steps})
-        self.begin()
+            acc.init_trackers("adapt", config={"lr": t.lr, "max_steps": t.max_steps, "batch_size": t.batch_size,
+                                               "kind": getattr(self.objective, "kind", "")})
+        self.objective.start(self.step, acc)
         bar = tqdm(total=t.max_steps, initial=self.step, desc="train", disable=not (self.show_progress and acc.is_main_process),
                    dynamic_ncols=True)
-        self.wrapper.train()
+        self.module.train()
         start, window_t, window_tok, losses = time.perf_counter(), time.perf_counter(), 0, []
         try:
             while self.step < t.max_steps:
-                objective, step_losses, step_tokens = self.train_step()
+                label, step_losses, step_tokens = self.train_step()
                 losses += step_losses
                 self.tokens += step_tokens
                 window_tok += step_tokens
@@ -237,11 +191,11 @@ class Trainer:
                 if self.step % t.log_every == 0 or self.step == t.max_steps:
                     now = time.perf_counter()
                     rate = window_tok / max(now - window_t, 1e-9)
-                    record = {"step": self.step, "objective": objective, "loss": float(np.mean(losses)),
+                    record = {"step": self.step, "objective": label, "loss": float(np.mean(losses)),
                               "lr": self.scheduler.get_last_lr()[0], "tokens": self.tokens, "tokens_per_s": rate,
                               "elapsed_s": now - start}
                     self._log(record)
-                    bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{rate:.0f}", obj=objective)
+                    bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{rate:.0f}", obj=label)
                     window_t, window_tok, losses = now, 0, []
                 if (t.eval_every and self.step % t.eval_every == 0) or self.step == t.max_steps:
                     self.last_eval = self.evaluate()
@@ -260,7 +214,7 @@ class Trainer:
         return TrainResult(self.step, self.tokens, time.perf_counter() - start, self.last_eval, self.metrics_path)
 
 
-def _available_trackers(names: list[str]) -> list[str]:
+def available_trackers(names: list[str]) -> list[str]:
     import importlib.util
 
     out = []

@@ -29,7 +29,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from adapt.bidirectional import make_bidirectional
-    from adapt.objectives import LabeledPositionsLM, mask_batch
+    from adapt.objectives.masking import LabeledPositionsLM, mask_batch
 
     if not Path(args.model).is_dir():
         raise SystemExit(f"{args.model} not found: run `python benchmarks/train_throughput.py --quick` once first")

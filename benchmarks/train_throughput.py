@@ -232,7 +232,7 @@ class AdaptRunner(Runner):
                  objective, ratio, amp: bool, device, shape: Shape, train_base: bool, lora_params=0,
                  head="labels", seed=0, notes=""):
         from adapt.data import batch_iterator
-        from adapt.objectives import LabeledPositionsLM
+        from adapt.objectives.masking import LabeledPositionsLM
 
         self.name, self.model, self.optimizer, self.head, self.notes = name, model, optimizer, head, notes
         self.wrapper = LabeledPositionsLM(model)
@@ -254,12 +254,12 @@ class AdaptRunner(Runner):
                                          **self._flops_args)
 
     def _step(self) -> tuple[float, float]:
-        from adapt.objectives import mask_batch
-        from adapt.train import _mask_generator
+        from adapt.objectives.masking import mask_batch
+        from adapt.objectives.masked import mask_generator
 
         start, cpu = time.perf_counter(), time.process_time()
         ids = torch.from_numpy(next(self.batches).astype(np.int64))
-        inputs, labels = mask_batch(ids, self.objective, generator=_mask_generator(self.seed, 0, self.micro),
+        inputs, labels = mask_batch(ids, self.objective, generator=mask_generator(self.seed, 0, self.micro),
                                     **self.mask)
         inputs, labels = inputs.to(self.device), labels.to(self.device)
         self.data_seconds.append(time.perf_counter() - start)

@@ -20,6 +20,16 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: uses the real SmolLM2 decoder or runs long")
 
 
+@pytest.fixture
+def free_port() -> str:
+    """A TCP port nobody listens on now, for a torch.distributed rendezvous (fixed ports collide)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     return tiny_tokenizer()

@@ -5,7 +5,7 @@
 
 1. ``all_gather_rows`` on rows of different counts per process: the gathered tensor, and the gradient
    each process receives (the sum over processes of the loss gradients at its own rows).
-2. One real ``ContrastiveTrainer`` step (DDP over gloo, supervised pairs with a hard negative each,
+2. One real contrastive ``Trainer`` step (DDP over gloo, supervised pairs with a hard negative each,
    documents gathered across processes, gradient caching in chunks of 3 texts): the DDP-averaged
    parameter gradient equals the gradient of the plain full-batch loss computed in one process.
 Rank 0 writes RESULT_DIR/result.json; any failed check exits non-zero.
@@ -21,7 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from accelerate import Accelerator  # noqa: E402
 
 from adapt.config import RunConfig  # noqa: E402
-from adapt.contrastive import ContrastiveTrainer, Embedder, Pair, all_gather_rows, info_nce, tokenize  # noqa: E402
+from adapt.embedding import Embedder, tokenize  # noqa: E402
+from adapt.objectives.contrastive import Contrastive  # noqa: E402
+from adapt.objectives.infonce import all_gather_rows, info_nce  # noqa: E402
+from adapt.pairs import Pair  # noqa: E402
+from adapt.train import Trainer  # noqa: E402
 from tests.tiny import tiny_decoder, tiny_tokenizer  # noqa: E402
 
 torch.set_num_threads(1)
@@ -57,16 +61,17 @@ cfg = RunConfig.from_dict({"contrastive": {"loss": "pairs", "mini_batch": 3, "ha
 model = tiny_decoder("llama", vocab_size=len(tok), seed=3)
 reference = tiny_decoder("llama", vocab_size=len(tok), seed=3)
 model.lm_head.requires_grad_(False)
-trainer = ContrastiveTrainer(model, cfg=cfg, run_dir=out / f"rank{rank}", tokenizer=tok, train=pairs, eval_set=[],
-                             accelerator=acc, show_progress=False)
-trainer.begin()
+objective = Contrastive(cfg)
+objective.train_set, objective.eval_set, objective.tokenizer = pairs, [], tok
+trainer = Trainer(model, objective, train=cfg.train, run_dir=out / f"rank{rank}", accelerator=acc, show_progress=False)
+objective.start(0, acc)
 captured = {}
 trainer.optimizer.step = lambda *a, **k: captured.update(
     {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
 _, losses, _ = trainer.train_step()
 
 # the same global batch in one process, one graph, no gathering, no caching
-global_batch = [pairs[i] for i in trainer._batches._permutation(0)[:8]]
+global_batch = [pairs[i] for i in objective._batches._permutation(0)[:8]]
 embed = Embedder(reference, "mean").train()
 queries = embed(**tokenize(tok, ["q: " + p.query for p in global_batch], 128))
 docs = embed(**tokenize(tok, [p.positive for p in global_batch] + [p.negatives[0] for p in global_batch], 128))

@@ -58,12 +58,12 @@ def test_probe_cli(tiny_model_dir):
     assert causal.exit_code == 1 and '"bidirectional": false' in causal.output
 
 
-def test_two_process_ddp_on_cpu(tiny_model_dir, tmp_path):
+def test_two_process_ddp_on_cpu(tiny_model_dir, tmp_path, free_port):
     corpus = tmp_path / "c.txt"
     corpus.write_text(CORPUS * 8)
     out = tmp_path / "ddp"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true", "PYTHONPATH": str(Path.cwd())}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", free_port,
            "-m", "adapt", "convert", str(tiny_model_dir), "-o", str(out), "--preset", "tiny",
            "--data", str(corpus), "--quiet"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)

@@ -12,10 +12,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from adapt import contrastive
 from adapt.config import RunConfig
-from adapt.contrastive import (ContrastiveTrainer, Embedder, Pair, contrastive_backward, false_negative_mask, info_nce,
-                               load_pairs, load_sentences, set_dropout, tokenize, train_contrastive)
+from adapt.embedding import Embedder, set_dropout, tokenize
+from adapt.objectives import infonce
+from adapt.objectives.infonce import contrastive_backward, false_negative_mask, info_nce
+from adapt.pairs import Pair, load_pairs, load_sentences
+from adapt.runner import run_stage as train_contrastive  # a contrastive stage is a run of its kind
+from adapt.train import Trainer
 from adapt.errors import DataError
 from tests.tiny import tiny_decoder
 
@@ -158,15 +161,15 @@ def test_grad_cache_replays_the_dropout_masks(tokenizer, monkeypatch):
     _assert_grads_close(cached, plain)
     import contextlib
 
-    monkeypatch.setattr(contrastive.RngState, "replay", lambda self: contextlib.nullcontext())
+    monkeypatch.setattr(infonce.RngState, "replay", lambda self: contextlib.nullcontext())
     unreplayed, _ = _step(tokenizer, texts, 6, dropout=0.2, chunk=4, cache=True)
     assert any(not torch.allclose(unreplayed[k], plain[k], rtol=1e-3, atol=1e-5) for k in plain)
 
 
-def test_two_processes_gather_negatives_and_gradients(tmp_path):
+def test_two_processes_gather_negatives_and_gradients(tmp_path, free_port):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true", "PYTHONPATH": str(Path.cwd())}
     script = Path(__file__).with_name("ddp_contrastive_check.py")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29547",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", free_port,
            str(script), str(tmp_path)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -263,6 +266,7 @@ def _cfg(model_dir, **sections):
            "export": {"pooling": "mean", "max_seq_length": 64}}
     for name, values in sections.items():
         raw[name] = {**raw.get(name, {}), **values}
+    raw["kind"] = "contrastive" if raw.get("contrastive", {}).get("loss") == "pairs" else "simcse"
     return RunConfig.from_dict(raw)
 
 
@@ -303,7 +307,7 @@ def test_simcse_stage_resumes_exactly_after_a_crash(tiny_model_dir, tmp_path, mo
     straight = tmp_path / "straight"
     train_contrastive(cfg, straight, show_progress=False)
 
-    original, calls = ContrastiveTrainer.train_step, {"n": 0}
+    original, calls = Trainer.train_step, {"n": 0}
 
     def dying(self):
         calls["n"] += 1
@@ -311,11 +315,11 @@ def test_simcse_stage_resumes_exactly_after_a_crash(tiny_model_dir, tmp_path, mo
             raise RuntimeError("simulated kill")
         return original(self)
 
-    monkeypatch.setattr(ContrastiveTrainer, "train_step", dying)
+    monkeypatch.setattr(Trainer, "train_step", dying)
     crashed = tmp_path / "crashed"
     with pytest.raises(RuntimeError, match="simulated kill"):
         train_contrastive(cfg, crashed, show_progress=False)
-    monkeypatch.setattr(ContrastiveTrainer, "train_step", original)
+    monkeypatch.setattr(Trainer, "train_step", original)
     _write(corpus, toy_sentences(41))
     with pytest.raises(DataError, match="training data differ"):
         train_contrastive(cfg, crashed, resume=True, show_progress=False)
@@ -333,18 +337,18 @@ def test_simcse_stage_resumes_exactly_after_a_crash(tiny_model_dir, tmp_path, mo
 def test_resume_before_the_first_checkpoint_restarts_with_a_clean_log(tiny_model_dir, tmp_path, monkeypatch):
     corpus = _write(tmp_path / "c.txt", toy_sentences(40))
     cfg = _cfg(tiny_model_dir, data={"sources": [str(corpus)]}, train={"save_every": 0, "eval_every": 0})
-    original = ContrastiveTrainer.train_step
+    original = Trainer.train_step
 
     def dying(self):
         if self.step == 2:
             raise RuntimeError("simulated kill")
         return original(self)
 
-    monkeypatch.setattr(ContrastiveTrainer, "train_step", dying)
+    monkeypatch.setattr(Trainer, "train_step", dying)
     out = tmp_path / "out"
     with pytest.raises(RuntimeError, match="simulated kill"):
         train_contrastive(cfg, out, show_progress=False)
-    monkeypatch.setattr(ContrastiveTrainer, "train_step", original)
+    monkeypatch.setattr(Trainer, "train_step", original)
     train_contrastive(cfg, out, resume=True, show_progress=False)
     records = [json.loads(x) for x in (out / "run/metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4]

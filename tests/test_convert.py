@@ -9,7 +9,9 @@ from transformers import AutoModel
 from adapt.bidirectional import probe
 from adapt.convert import convert
 from adapt.errors import ConfigError, DataError, ModelLoadError, OutputExistsError, TrainingError
-from adapt.train import Trainer, checkpoint_dirs
+from adapt.layout import checkpoint_dirs
+from adapt.objectives.masked import MaskedLM
+from adapt.train import Trainer
 from tests.tiny import CORPUS
 
 
@@ -55,22 +57,22 @@ def test_resume_after_crash_equals_uninterrupted_run(tiny_model_dir, corpus, tmp
     _run(tiny_model_dir, straight, corpus, overrides=["train.max_steps=6", "train.save_every=2"])
 
     crashed = tmp_path / "crashed"
-    original = Trainer._batch
+    original = MaskedLM.batch
     calls = {"n": 0}
 
-    def dying_batch(self, blocks, objective, gen):
+    def dying_batch(self, blocks, objective, gen, device=None):
         calls["n"] += 1
         if calls["n"] == 4 + 1:  # step 5 begins after the step-4 checkpoint (eval batches excluded below)
             raise RuntimeError("simulated kill")
-        return original(self, blocks, objective, gen)
+        return original(self, blocks, objective, gen, device)
 
     monkeypatch.setattr(Trainer, "evaluate", lambda self: {})
-    monkeypatch.setattr(Trainer, "_batch", dying_batch)
+    monkeypatch.setattr(MaskedLM, "batch", dying_batch)
     with pytest.raises(RuntimeError, match="simulated kill"):
         _run(tiny_model_dir, crashed, corpus, overrides=["train.max_steps=6", "train.save_every=2"])
     assert [p.name for p in checkpoint_dirs(crashed / "run")] == ["step-000002", "step-000004"]
     assert not (crashed / "model.safetensors").exists()
-    monkeypatch.setattr(Trainer, "_batch", original)
+    monkeypatch.setattr(MaskedLM, "batch", original)
     with pytest.raises(OutputExistsError, match="--resume"):
         _run(tiny_model_dir, crashed, corpus, overrides=["train.max_steps=6", "train.save_every=2"])
     _run(tiny_model_dir, crashed, corpus, overrides=["train.max_steps=6", "train.save_every=2"], resume=True)
@@ -91,15 +93,15 @@ def test_resume_refuses_changed_settings(tiny_model_dir, corpus, tmp_path):
 
 def test_ctrl_c_saves_a_checkpoint(tiny_model_dir, corpus, tmp_path, monkeypatch):
     calls = {"n": 0}
-    original = Trainer._batch
+    original = MaskedLM.batch
 
-    def interrupted(self, blocks, objective, gen):
+    def interrupted(self, blocks, objective, gen, device=None):
         calls["n"] += 1
         if calls["n"] == 4:
             raise KeyboardInterrupt
-        return original(self, blocks, objective, gen)
+        return original(self, blocks, objective, gen, device)
 
-    monkeypatch.setattr(Trainer, "_batch", interrupted)
+    monkeypatch.setattr(MaskedLM, "batch", interrupted)
     out = tmp_path / "out"
     with pytest.raises(TrainingError, match="--resume"):
         _run(tiny_model_dir, out, corpus, overrides=["train.save_every=0", "train.eval_every=0"])
@@ -107,9 +109,9 @@ def test_ctrl_c_saves_a_checkpoint(tiny_model_dir, corpus, tmp_path, monkeypatch
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tiny_model_dir, corpus, tmp_path, monkeypatch):
-    from adapt import objectives
+    from adapt.objectives import masking
 
-    original = objectives.LabeledPositionsLM.forward
+    original = masking.LabeledPositionsLM.forward
     calls = {"n": 0}
 
     def nan_forward(self, *args, **kwargs):
@@ -119,7 +121,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tiny_model_dir, corpus, t
             out["loss"] = out["loss"] * float("nan")
         return out
 
-    monkeypatch.setattr(objectives.LabeledPositionsLM, "forward", nan_forward)
+    monkeypatch.setattr(masking.LabeledPositionsLM, "forward", nan_forward)
     out = tmp_path / "out"
     with pytest.raises(TrainingError, match="last good checkpoint is .*step-000002"):
         _run(tiny_model_dir, out, corpus, overrides=["train.eval_every=0"])

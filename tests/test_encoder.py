@@ -9,7 +9,8 @@ import torch
 from sentence_transformers import SentenceTransformer
 
 from adapt.bidirectional import make_bidirectional, probe
-from adapt.encoder import EncodeWarning, load_encoder, pool
+from adapt.encoder import EncodeWarning, load_encoder
+from adapt.pooling import pool
 from adapt.errors import AdaptError, ConfigError, ModelLoadError
 from adapt.export import export_encoder
 from tests.tiny import CORPUS, tiny_decoder

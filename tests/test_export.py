@@ -15,7 +15,8 @@ from adapt.arch import facts_for
 from adapt.bidirectional import make_bidirectional, probe
 from adapt.encoder import load_encoder
 from adapt.errors import ModelLoadError, NotBidirectionalError
-from adapt.export import export_encoder, export_from_path
+from adapt.export import export_encoder
+from adapt.rebuild import export_from_path
 from tests.tiny import tiny_decoder
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "An encoder reads the whole sentence at once.",

@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from adapt.errors import ConfigError
-from adapt.objectives import IGNORE_INDEX, OBJECTIVES, LabeledPositionsLM, ObjectiveSchedule, mask_batch
+from adapt.objectives.masking import IGNORE_INDEX, LabeledPositionsLM, mask_batch
+from adapt.schedule import OBJECTIVES, ObjectiveSchedule
 from tests.tiny import TINY_CONFIGS, tiny_decoder
 
 V, MASK, SPECIALS = 320, 3, (0, 1, 2)  # tiny_tokenizer: <pad>=0 <s>=1 </s>=2; <unk>=3 stands in for a mask token

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from adapt.bidirectional import make_bidirectional
-from adapt.objectives import IGNORE_INDEX, LabeledPositionsLM, mask_batch
+from adapt.objectives.masking import IGNORE_INDEX, LabeledPositionsLM, mask_batch
 from tests.tiny import tiny_decoder
 
 VOCAB = 320

@@ -4,7 +4,7 @@ import torch
 
 from adapt.config import ModelConfig, TuningConfig
 from adapt.loading import load_decoder, setup_mask_token
-from adapt.objectives import LabeledPositionsLM, mask_batch
+from adapt.objectives.masking import LabeledPositionsLM, mask_batch
 from adapt.tuning import apply_tuning, merged_model, trainable_parameters
 
 

@@ -1,0 +1,213 @@
+"""Contrastive stages after MLM, as LLM2Vec has: unsupervised SimCSE and supervised pairs.
+
+    adapt convert MODEL -o OUT --stages mlm,simcse --data corpus.txt
+    adapt convert MODEL -o OUT --stages mlm,contrastive --data corpus.txt --pairs pairs.jsonl
+
+- SimCSE (Gao et al., 2021): each sentence of ``data.sources`` is embedded twice in train mode; the
+  two dropout views are positives, the other sentences of the batch negatives. Decoders usually
+  ship with dropout 0, so ``contrastive.dropout`` is set on their dropouts for the stage.
+- Pairs: JSON lines ``{"query": ..., "positive": ..., "negatives": [...]}``; every positive and hard
+  negative of the batch is a candidate for every query (InfoNCE / MultipleNegativesRankingLoss).
+  Documents equal to a query's positive are masked out of its negatives (no false negatives).
+- Embeddings are pooled as the exported encoder pools (``export.pooling``), prompts included.
+- One optimizer step per batch of ``train.batch_size x train.grad_accum`` queries per process:
+  ``grad_accum`` enlarges the batch through gradient caching (``contrastive.mini_batch``) instead of
+  splitting the in-batch negatives; with several processes every process's documents are negatives
+  for every query (:mod:`adapt.objectives.infonce`).
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from adapt.config import RunConfig
+from adapt.data import batch_iterator, resolve_data_sources
+from adapt.embedding import Embedder, set_dropout, tokenize
+from adapt.errors import ConfigError, DataError
+from adapt.objectives import ObjectiveBase, StageContext, StepOutput
+from adapt.objectives.infonce import all_gather_rows, contrastive_backward, false_negative_mask, info_nce
+from adapt.pairs import data_fingerprint, load_pairs, load_sentences, split_eval, text_key
+
+log = logging.getLogger(__name__)
+
+KINDS = {"simcse": {"contrastive": {"loss": "simcse"}}, "contrastive": {"contrastive": {"loss": "pairs"}}}
+
+
+class Contrastive(ObjectiveBase):
+    """InfoNCE on SimCSE sentences or supervised pairs (``contrastive.loss``)."""
+
+    micro_batches = 1  # the whole batch is one micro-batch: grad_accum enlarges it through caching
+
+    def __init__(self, cfg: RunConfig):
+        self.cfg, self.kind, self.c = cfg, cfg.kind, cfg.contrastive
+        self.batch = cfg.train.batch_size * cfg.train.grad_accum
+        self.mini_batch = self.c.mini_batch or (cfg.train.batch_size if cfg.train.grad_accum > 1 else 0)
+        self.dropout = self.c.dropout if self.c.dropout is not None else (0.1 if self.c.loss == "simcse" else None)
+        self.train_set = self.eval_set = None
+
+    # ---- data -----------------------------------------------------------------------------
+    def load_examples(self) -> tuple[list, dict]:
+        """All examples of the stage and the counts of what was skipped."""
+        c, d = self.c, self.cfg.data
+        if c.loss == "pairs":
+            if not c.pairs:
+                raise ConfigError("a supervised contrastive stage needs pairs: pass --pairs FILE (JSON lines of "
+                                  '{"query": ..., "positive": ..., "negatives": [...]}) or set contrastive.pairs')
+            return load_pairs(c.pairs, max_pairs=c.max_texts)
+        if not d.sources:
+            raise ConfigError("SimCSE needs text: pass --data PATH or set data.sources for the simcse stage")
+        return load_sentences(resolve_data_sources(d.sources), text_field=d.text_field, min_words=c.min_words,
+                              max_texts=c.max_texts)
+
+    def read_data(self) -> dict:
+        t = self.cfg.train
+        examples, self.counts = self.load_examples()
+        train, held = split_eval(len(examples), self.cfg.data.eval_fraction, t.eval_batches * t.batch_size, t.seed)
+        self.train_set, self.eval_set = [examples[i] for i in train], [examples[i] for i in held]
+        self.counts = {"examples": len(examples), **self.counts}
+        return {"examples": len(examples), "train": data_fingerprint(self.train_set),
+                "eval": data_fingerprint(self.eval_set)}
+
+    def check_launch(self, accelerator) -> None:
+        from accelerate.utils import DistributedType
+
+        t, caching = self.cfg.train, self.c.mini_batch or self.cfg.train.grad_accum > 1
+        if t.mixed_precision == "fp16" and caching:
+            raise ConfigError("gradient caching (contrastive.mini_batch, train.grad_accum > 1) does not support fp16 "
+                              "loss scaling: use train.mixed_precision=bf16 or no")
+        if accelerator.distributed_type == DistributedType.DEEPSPEED and caching:
+            raise ConfigError("gradient caching backpropagates outside DeepSpeed's engine: use DDP or FSDP, or set "
+                              "contrastive.mini_batch=0 and train.grad_accum=1")
+        need = self.batch * accelerator.num_processes
+        if len(self.train_set) < need:
+            what = "pairs" if self.c.loss == "pairs" else "sentences"
+            raise DataError(f"only {len(self.train_set)} training {what}, fewer than one batch of {need} "
+                            f"(train.batch_size x grad_accum x {accelerator.num_processes} processes): add data or "
+                            "lower train.batch_size")
+        if self.batch < 2:
+            raise ConfigError("a contrastive stage needs at least 2 queries per batch (in-batch negatives)")
+
+    # ---- model ----------------------------------------------------------------------------
+    def configure_model(self, model, tokenizer) -> list[int]:
+        self.tokenizer = tokenizer
+        self.n_dropouts = set_dropout(model, self.dropout) if self.dropout is not None else None
+        if self.dropout and not self.n_dropouts:
+            log.warning("found no dropout to set on this %s model; SimCSE views then differ only by LoRA dropout",
+                        model.config.model_type)
+        return []
+
+    def prepare(self, ctx: StageContext) -> None:
+        self.tokenizer = ctx.tokenizer
+
+    def module(self, model) -> torch.nn.Module:
+        return Embedder(model, self.cfg.export.pooling)
+
+    # ---- batches --------------------------------------------------------------------------
+    def texts(self, examples) -> tuple[list[str], int, list[int], list[int]]:
+        """(texts to embed: queries then documents, number of queries, positive keys, document keys).
+        Each query's positive is document ``i`` of this process (documents: positives, then negatives)."""
+        c = self.c
+        if c.loss == "simcse":
+            keys = [text_key(s) for s in examples]
+            return list(examples) + list(examples), len(examples), keys, keys
+        queries = [c.query_prompt + p.query for p in examples]
+        docs = [p.positive for p in examples] + [n for p in examples for n in p.negatives[:c.hard_negatives]]
+        positive_keys = [text_key(p.positive) for p in examples]
+        return queries + [c.document_prompt + d for d in docs], len(queries), positive_keys, [text_key(d) for d in docs]
+
+    def chunks(self, texts: list[str], device) -> tuple[list[dict], torch.Tensor]:
+        """Texts sorted by length cut into chunks of ``mini_batch`` (one chunk without caching), and the
+        permutation that puts the chunks' embeddings back in text order."""
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        size = self.mini_batch or len(texts)
+        chunks = [tokenize(self.tokenizer, [texts[i] for i in order[s:s + size]], self.c.max_length, device)
+                  for s in range(0, len(order), size)]
+        inverse = torch.empty(len(order), dtype=torch.long)
+        inverse[torch.tensor(order)] = torch.arange(len(order))
+        return chunks, inverse.to(device)
+
+    def loss_fn(self, n_queries: int, positive_keys, doc_keys, inverse, *, gather: bool):
+        def fn(embeddings):
+            dev = embeddings.device
+            embeddings = embeddings[inverse]
+            queries, docs = embeddings[:n_queries], embeddings[n_queries:]
+            keys = torch.tensor(doc_keys, dtype=torch.long, device=dev)
+            offset = 0
+            if gather:
+                docs, offset = all_gather_rows(docs)
+                keys, _ = all_gather_rows(keys)
+            targets = offset + torch.arange(n_queries, device=dev)
+            mask = false_negative_mask(torch.tensor(positive_keys, dtype=torch.long, device=dev), keys, targets)
+            return info_nce(queries, docs, targets, self.c.temperature, mask)
+        return fn
+
+    def start(self, step: int, accelerator) -> None:
+        self._batches = batch_iterator(np.arange(len(self.train_set)), self.batch, seed=self.cfg.train.seed,
+                                       start_step=step, rank=accelerator.process_index,
+                                       world_size=accelerator.num_processes)
+
+    def step(self, module, accelerator, step: int) -> StepOutput:
+        acc = accelerator
+        examples = [self.train_set[i] for i in next(self._batches)]
+        texts, n_queries, positive_keys, doc_keys = self.texts(examples)
+        chunks, inverse = self.chunks(texts, acc.device)
+        loss, _ = contrastive_backward(module, chunks,
+                                       self.loss_fn(n_queries, positive_keys, doc_keys, inverse, gather=self.c.gather),
+                                       cache=len(chunks) > 1, no_sync=lambda: acc.no_sync(module),
+                                       backward=acc.backward)
+        tokens = sum(int(c["attention_mask"].sum()) for c in chunks) * acc.num_processes
+        return StepOutput(loss, tokens, self.c.loss)
+
+    @torch.no_grad()
+    def evaluate(self, module, accelerator) -> dict:
+        """Held-out loss and top-1 accuracy (positive ranked first among its batch's documents), the held-out
+        batches shared out over processes and the sums gathered. SimCSE keeps dropout on (seeded per batch):
+        identical views would make the task trivial."""
+        acc, name, bs = accelerator, self.c.loss, self.cfg.train.batch_size
+        batches = [self.eval_set[s:s + bs] for s in range(0, len(self.eval_set), bs)]
+        batches = [b for b in batches if len(b) >= 2]
+        if not batches:
+            return {}
+        model = acc.unwrap_model(module)  # no DDP collectives: processes may run different batches
+        model.train(name == "simcse")
+        sums = torch.zeros(3, dtype=torch.float64)  # loss x queries, correct, queries
+        devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+        rounds = -(-len(batches) // acc.num_processes)
+        with torch.random.fork_rng(devices=devices), acc.autocast():
+            for r in range(rounds):  # every process runs as many forwards (FSDP gathers weights in forward)
+                k = r * acc.num_processes + acc.process_index
+                torch.manual_seed(self.cfg.train.seed + k)
+                texts, n_queries, positive_keys, doc_keys = self.texts(batches[min(k, len(batches) - 1)])
+                chunks, inverse = self.chunks(texts, acc.device)
+                embeddings = torch.cat([model(**chunk) for chunk in chunks])[inverse]
+                if k >= len(batches):
+                    continue
+                dev = embeddings.device
+                queries, docs = embeddings[:n_queries], embeddings[n_queries:]
+                targets = torch.arange(n_queries, device=dev)
+                mask = false_negative_mask(torch.tensor(positive_keys, device=dev), torch.tensor(doc_keys, device=dev),
+                                           targets)
+                loss, ok = info_nce(queries, docs, targets, self.c.temperature, mask)
+                sums += torch.tensor([float(loss) * n_queries, float(ok), n_queries], dtype=torch.float64)
+        model.train()
+        total = acc.gather_for_metrics(sums.to(acc.device).unsqueeze(0)).sum(0)
+        n = max(float(total[2]), 1.0)
+        return {f"eval/{name}_loss": float(total[0]) / n, f"eval/{name}_acc": float(total[1]) / n}
+
+    # ---- records --------------------------------------------------------------------------
+    def summary(self) -> dict:
+        c = self.c
+        return {"loss": c.loss, "temperature": c.temperature, "dropout": self.dropout,
+                "pooling": self.cfg.export.pooling, "batch_per_process": self.batch, "mini_batch": self.mini_batch,
+                "data": self.counts, "train_examples": len(self.train_set), "eval_examples": len(self.eval_set)}
+
+    def export_prompts(self) -> dict:
+        c = self.c
+        if c.loss == "pairs" and (c.query_prompt or c.document_prompt):
+            return {"query": c.query_prompt, "document": c.document_prompt}
+        return {}
+
+
+OBJECTIVE = Contrastive

@@ -1,0 +1,135 @@
+"""InfoNCE with in-batch negatives, its cross-process gather and gradient caching.
+
+The pieces every contrastive objective shares, kept inside the objectives layer (as
+sentence-transformers keeps them inside ``CachedMultipleNegativesRankingLoss``) so that the training
+loop knows nothing of them:
+
+- :func:`info_nce`: mean InfoNCE over cosine similarities / temperature, with a candidate mask.
+- :func:`all_gather_rows`: every process's documents, with their gradient, so each query sees every
+  process's negatives; DDP's gradient average then equals the full global-batch gradient.
+- :func:`contrastive_backward`: gradient caching (Gao et al., 2021, "GradCache"): embed without grad
+  in chunks, take the loss and its gradient w.r.t. the embeddings, then re-embed chunk by chunk with
+  grad under the replayed RNG state (same dropout masks) and backpropagate the cached gradient, so a
+  batch larger than memory trains exactly as if embedded at once.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+
+
+def info_nce(queries: torch.Tensor, docs: torch.Tensor, targets: torch.Tensor, temperature: float,
+             mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean InfoNCE of ``queries`` (Q, H) over candidate ``docs`` (D, H); ``targets`` (Q,) index each
+    query's positive in ``docs``. Cosine similarity / temperature; ``mask`` (Q, D) True drops a
+    candidate. Returns (loss, number of queries whose positive scores highest)."""
+    logits = F.normalize(queries.float(), dim=-1) @ F.normalize(docs.float(), dim=-1).T / temperature  # (Q, D)
+    if mask is not None:
+        logits = logits.masked_fill(mask, float("-inf"))
+    loss = F.cross_entropy(logits, targets)
+    return loss, (logits.detach().argmax(dim=-1) == targets).sum()
+
+
+def false_negative_mask(positive_keys: torch.Tensor, doc_keys: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """(Q, D) True where a candidate is the same text as the query's positive but is not the positive itself."""
+    mask = positive_keys[:, None] == doc_keys[None, :]
+    mask[torch.arange(len(targets), device=mask.device), targets] = False
+    return mask
+
+
+def _world():
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return dist, dist.get_rank(), dist.get_world_size()
+    return None, 0, 1
+
+
+class _GatherRows(torch.autograd.Function):
+    """All-gather of rows whose backward sums the gradient over processes (an all-reduce, which every
+    backend has) and returns each process the part at its own rows."""
+
+    @staticmethod
+    def forward(ctx, x, sizes: list[int], rank: int):
+        import torch.distributed as dist
+
+        padded = F.pad(x, [0, 0] * (x.dim() - 1) + [0, max(sizes) - x.shape[0]]).contiguous()
+        parts = [torch.empty_like(padded) for _ in sizes]
+        dist.all_gather(parts, padded)
+        ctx.sizes, ctx.rank = sizes, rank
+        return torch.cat([part[:size] for part, size in zip(parts, sizes)])
+
+    @staticmethod
+    def backward(ctx, grad):
+        import torch.distributed as dist
+
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad)  # every process's loss may depend on these rows
+        start = sum(ctx.sizes[:ctx.rank])
+        return grad[start:start + ctx.sizes[ctx.rank]], None, None
+
+
+def all_gather_rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Concatenate every process's ``x`` (rows may differ in number) keeping the autograd graph: the
+    gradient of a loss on the result flows back to each process's own rows (summed over processes).
+    Returns (gathered, offset of this process's rows). One process: ``(x, 0)``."""
+    dist, rank, world = _world()
+    if dist is None:
+        return x, 0
+    n = torch.tensor([x.shape[0]], device=x.device)
+    sizes = [torch.zeros_like(n) for _ in range(world)]
+    dist.all_gather(sizes, n)
+    sizes = [int(s) for s in sizes]
+    return _GatherRows.apply(x, sizes, rank), sum(sizes[:rank])
+
+
+# ----------------------------------------------------------------------------- gradient caching
+
+class RngState:
+    """The CPU (and current CUDA device) RNG state, to replay the same dropout masks later."""
+
+    def __init__(self):
+        self.cpu = torch.get_rng_state()
+        self.cuda = torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+
+    @contextlib.contextmanager
+    def replay(self):
+        devices = [torch.cuda.current_device()] if self.cuda is not None else []
+        with torch.random.fork_rng(devices=devices):
+            torch.set_rng_state(self.cpu)
+            if self.cuda is not None:
+                torch.cuda.set_rng_state(self.cuda)
+            yield
+
+
+def contrastive_backward(embed, chunks: list[dict], loss_fn, *, cache: bool, no_sync=contextlib.nullcontext,
+                         backward=None):
+    """Embed ``chunks`` with ``embed``, take ``loss_fn(embeddings)`` and backpropagate it into the model.
+
+    ``cache=False``: one graph over all chunks (``backward(loss)``, default ``loss.backward()``).
+    ``cache=True``: gradient caching - embed without grad, backpropagate the loss to the embeddings
+    only, then re-embed chunk by chunk with grad under the replayed RNG state and backpropagate the
+    cached embedding gradients; ``no_sync()`` wraps all but the last chunk (DDP syncs once).
+    ``loss_fn`` returns (loss, extra); returns (loss detached, extra).
+    """
+    if not cache:
+        loss, extra = loss_fn(torch.cat([embed(**chunk) for chunk in chunks]))
+        (backward or torch.Tensor.backward)(loss)
+        return loss.detach(), extra
+    states, reps = [], []
+    with torch.no_grad():
+        for chunk in chunks:
+            states.append(RngState())
+            reps.append(embed(**chunk))
+    cached = torch.cat(reps).requires_grad_()
+    loss, extra = loss_fn(cached)
+    loss.backward()  # d loss / d embeddings (and, through the gather, to the other processes' rows)
+    grads = cached.grad.split([len(r) for r in reps])
+    for i, (chunk, state, grad) in enumerate(zip(chunks, states, grads)):
+        with (no_sync() if i < len(chunks) - 1 else contextlib.nullcontext()), state.replay():
+            torch.autograd.backward(embed(**chunk), grad_tensors=grad)
+    return loss.detach(), extra
+
+

@@ -1,0 +1,193 @@
+"""Rebuild a trained model from a run's checkpoint, and re-export any run or encoder (``adapt export``).
+
+A checkpoint (``OUT/run/checkpoints/step-N``) is Accelerate's state of the training module:
+``model.safetensors`` holds its weights (keys ``model.`` + the tuned model's: the ``*ForCausalLM``, or
+the peft model around it), next to the optimizer, scheduler and RNG states used to resume. To export
+one, the run is rebuilt as the stage runner built it, from ``OUT/run/config.yaml``: the source
+decoder (unquantized), bidirectional, adjusted by the run's objective (its seeded mask token), LoRA
+attached with the run's settings; then the checkpoint's weights are loaded into it by name and LoRA
+is merged. A QLoRA checkpoint's 4-bit base weights are not loaded (they are the frozen source
+weights, quantized): the adapter merges into the unquantized source.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from adapt import layout
+from adapt.arch import preferred_attention
+from adapt.bidirectional import is_bidirectional
+from adapt.errors import ModelLoadError, NotBidirectionalError
+from adapt.export import MANIFEST, export_encoder
+from adapt.io_utils import read_json
+from adapt.objectives import build_objective
+from adapt.runner import load_model
+from adapt.tuning import apply_tuning
+
+log = logging.getLogger(__name__)
+
+WEIGHTS = "model.safetensors"
+
+
+@dataclass
+class CheckpointModel:
+    model: torch.nn.Module   # the *ForCausalLM, LoRA merged, bidirectional
+    tokenizer: object
+    config: object           # the run's RunConfig
+    step: int
+    checkpoint: Path
+
+
+def _strip_prefix(saved_keys, wanted_keys) -> str:
+    """The prefix the training module put before the tuned model's keys (``model.``, or none)."""
+    wanted = set(wanted_keys)
+    for key in saved_keys:
+        for prefix in ("model.", "module.model.", ""):
+            if key.startswith(prefix) and key[len(prefix):] in wanted:
+                return prefix
+    raise ModelLoadError("the checkpoint's weights do not match the model its run config describes (no key in "
+                         "common): were the run's model.source or tuning changed in run/config.yaml since?")
+
+
+def load_checkpoint_model(checkpoint) -> CheckpointModel:
+    """Rebuild the trained model of ``checkpoint`` (see the module docstring) on the CPU."""
+    from accelerate.utils import set_seed
+    from safetensors import safe_open
+
+    ckpt = Path(checkpoint)
+    run_dir = ckpt.parent.parent
+    weights = ckpt / WEIGHTS
+    if not weights.is_file():
+        sharded = sorted(p.name for p in ckpt.iterdir() if p.name.startswith(("pytorch_model_fsdp", "pytorch_model")))
+        hint = (f" (it holds {', '.join(sharded)}: an FSDP sharded state; gather it with "
+                "`accelerate merge-weights` into a model.safetensors first)") if sharded else ""
+        raise ModelLoadError(f"{ckpt} has no {WEIGHTS}{hint}")
+    if not (run_dir / layout.CONFIG).is_file():
+        raise ModelLoadError(f"{ckpt} is not inside an adapt run: no {run_dir / layout.CONFIG} to rebuild the model from")
+    cfg = layout.read_run_config(run_dir)
+    step = json.loads((ckpt / layout.STATE_FILE).read_text()).get("step", 0)
+
+    set_seed(cfg.train.seed)  # as the runner did: a new mask row is then initialised the same way
+    model, tokenizer, new_ids = load_model(cfg, build_objective(cfg), quantized=False)
+    if cfg.tuning.method != "full":
+        model = apply_tuning(model, replace(cfg.tuning, method="lora", gradient_checkpointing=False),
+                             new_token_ids=new_ids)
+    wanted = model.state_dict()
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    with safe_open(str(weights), framework="pt") as f:
+        saved_keys = list(f.keys())
+        prefix = _strip_prefix(saved_keys, wanted)
+        loaded, skipped = {}, 0
+        for key in saved_keys:
+            name = key[len(prefix):] if key.startswith(prefix) else None
+            if name not in wanted:
+                skipped += 1  # a 4-bit base weight's quantization state, a wrapper buffer
+                continue
+            tensor = f.get_tensor(key)
+            if tensor.shape != wanted[name].shape:
+                if name in trainable:
+                    raise ModelLoadError(f"{ckpt}: {name} has shape {tuple(tensor.shape)} in the checkpoint but "
+                                         f"{tuple(wanted[name].shape)} in the rebuilt model")
+                skipped += 1  # QLoRA: the frozen base weight, 4-bit packed
+                continue
+            loaded[name] = tensor
+    missing = sorted(trainable - set(loaded))
+    if missing:
+        raise ModelLoadError(f"{ckpt} lacks {len(missing)} trained weights of the model its run describes "
+                             f"(e.g. {missing[0]}); it was not written by this run's settings")
+    model.load_state_dict(loaded, strict=False)
+    log.info("loaded %d tensors from %s (%d skipped)", len(loaded), ckpt, skipped)
+    if cfg.tuning.method != "full":
+        model = model.merge_and_unload()
+    model.eval()
+    return CheckpointModel(model=model, tokenizer=tokenizer, config=cfg, step=int(step), checkpoint=ckpt)
+
+
+def _model_folder(source: Path) -> Path:
+    """The transformers model folder inside ``source`` (itself, or a ``model/`` in it)."""
+    for candidate in (source, source / "model"):
+        if (candidate / "config.json").is_file():
+            return candidate
+    if (source / "adapter_config.json").is_file():
+        raise ModelLoadError(f"{source} holds a LoRA adapter, not a model: merge it into its base and save the "
+                             "merged model (adapt.tuning merge) before exporting it")
+    raise ModelLoadError(f"{source} is not a model folder: no config.json in it or in {source / 'model'}")
+
+
+def _tokenizer_folder(model_dir: Path) -> Path:
+    """The nearest folder at or above ``model_dir`` (up to a run folder's root) with tokenizer files."""
+    for folder in [model_dir, *model_dir.parents][:5]:
+        if (folder / "tokenizer_config.json").is_file() or (folder / "tokenizer.json").is_file():
+            return folder
+    raise ModelLoadError(f"no tokenizer found in {model_dir} or the folders above it")
+
+
+def export_from_path(source, out_dir, *, pooling: str | None = None, normalize: bool | None = None,
+                     max_seq_length: int | None = None, prompts: dict[str, str] | None = None, dtype=None,
+                     card: dict | None = None) -> Path:
+    """``adapt export SOURCE -o DIR``: re-export a converted run folder, an exported encoder or a checkpoint.
+
+    ``SOURCE`` is a folder with ``config.json`` + safetensors (a converted/exported encoder), or a
+    training checkpoint ``OUT/run/checkpoints/step-N`` (or ``OUT/run/checkpoints``: the newest; also
+    ``OUT`` of a run that died before its export), rebuilt by :func:`load_checkpoint_model`. Settings left
+    as None are taken from the source's previous export (``adapt_export.json``) or, for a checkpoint,
+    from the run's ``export`` section; else mean pooling, no normalization, 512 tokens, no prompts.
+    The source must already be bidirectional (``is_causal: false``).
+    """
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    source = Path(source)
+    if not source.is_dir():
+        raise ModelLoadError(f"{source} is not a folder")
+    if not (source / "config.json").is_file():
+        ckpt = layout.find_checkpoint(source)
+        if ckpt is not None:
+            return _export_checkpoint(ckpt, out_dir, pooling=pooling, normalize=normalize,
+                                      max_seq_length=max_seq_length, prompts=prompts, dtype=dtype, card=card)
+    model_dir = _model_folder(source)
+    previous = read_json(model_dir / MANIFEST)
+    try:
+        config = AutoConfig.from_pretrained(model_dir)
+    except Exception as err:  # noqa: BLE001
+        raise ModelLoadError(f"{model_dir}: cannot read config.json: {err}") from err
+    if not is_bidirectional(config):
+        raise NotBidirectionalError(f"{model_dir} is a causal '{config.model_type}' model (config.is_causal is "
+                                    "not False): convert it with `adapt convert` before exporting it")
+    try:
+        model = AutoModel.from_pretrained(model_dir, config=config, attn_implementation=preferred_attention(config))
+        tokenizer = AutoTokenizer.from_pretrained(_tokenizer_folder(model_dir))
+    except Exception as err:  # noqa: BLE001
+        raise ModelLoadError(f"{model_dir}: cannot load the model or tokenizer: {err}") from err
+    return export_encoder(
+        model, tokenizer, out_dir,
+        pooling=pooling or previous.get("pooling", "mean"),
+        normalize=previous.get("normalize", False) if normalize is None else normalize,
+        max_seq_length=max_seq_length or previous.get("max_seq_length") or 512,
+        prompts=previous.get("prompts") if prompts is None else prompts,
+        dtype=dtype if dtype is not None else previous.get("dtype"),
+        card={**previous.get("card", {}), **(card or {})},
+        source=previous.get("source") or str(source))
+
+
+def _export_checkpoint(ckpt: Path, out_dir, *, pooling, normalize, max_seq_length, prompts, dtype, card) -> Path:
+    """Export a training checkpoint: the run rebuilt from its config, LoRA merged; settings default to the run's."""
+    loaded = load_checkpoint_model(ckpt)
+    cfg, run_dir = loaded.config, ckpt.parent.parent
+    summary = read_json(run_dir / layout.SUMMARY)
+    facts = {"source": cfg.model.source, "checkpoint": f"{ckpt.name} (step {loaded.step} of {cfg.train.max_steps})",
+             "objective": cfg.objective.schedule, "tuning": cfg.tuning.method, "recipe": cfg.to_dict()}
+    if summary.get("final_eval"):
+        facts["final_eval (end of the run)"] = summary["final_eval"]
+    exp = cfg.export
+    return export_encoder(loaded.model, loaded.tokenizer, out_dir, pooling=pooling or exp.pooling,
+                          normalize=exp.normalize if normalize is None else normalize,
+                          max_seq_length=max_seq_length or exp.max_seq_length,
+                          prompts=(exp.prompts or None) if prompts is None else prompts,
+                          dtype=dtype if dtype is not None else exp.dtype, card={**facts, **(card or {})},
+                          source=cfg.model.source)
+
+
