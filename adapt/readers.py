@@ -122,9 +122,9 @@ def iter_records(path, fields: Iterable[str] = (), *, text_fields: Iterable[str]
 
     Every record must hold ``fields`` and ``text_fields`` (JSON: each object; CSV and Parquet: the
     header or schema, checked before the first record); a ``text_fields`` value must be text or null
-    (JSON: each value; Parquet: the column type). Blank JSON lines are skipped. Parquet reads only
-    the columns named, or all when none is. ``format`` ("jsonl", "csv", "parquet") overrides the one
-    :func:`file_format` reads from the name.
+    (JSON: each value; Parquet: the column type; CSV cells are text, null in a short row). Blank JSON
+    lines are skipped. Parquet reads only the columns named, or all when none is. ``format`` ("jsonl",
+    "csv", "parquet") overrides the one :func:`file_format` reads from the name.
     """
     path = _existing_file(path)
     kind = format or file_format(path)
