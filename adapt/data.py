@@ -5,7 +5,8 @@ Data flows one way through three pieces:
 1. :func:`iter_documents` streams :class:`Document` objects from text files (``.txt .text .md``),
    JSON lines (``.jsonl .jsonlines .ndjson .json``), parquet, any of the text/JSON-lines files
    compressed (``.gz .bz2 .xz``), folders of those (recursively, in sorted order) and hub datasets
-   (``hf:NAME[:CONFIG]``, streamed). Nothing reads a whole file into memory.
+   (``hf:NAME[:CONFIG]``, streamed). Files are read by :mod:`adapt.readers` (UTF-8, BOMs, compression,
+   errors naming ``file:line``); nothing reads a whole file into memory.
 2. :func:`build_token_store` tokenizes the documents in batches, joins them with an EOS separator,
    packs the token stream into fixed blocks of ``seq_len`` (no padding; the last partial block is
    dropped) and appends the blocks to ``train.npy`` / ``eval.npy`` (uint32, ``(N, seq_len)``), so
@@ -17,14 +18,11 @@ Data flows one way through three pieces:
 """
 from __future__ import annotations
 
-import bz2
 import contextlib
 import dataclasses
-import gzip
 import hashlib
 import json
 import logging
-import lzma
 import math
 import os
 import struct
@@ -35,14 +33,12 @@ import numpy as np
 
 from adapt.errors import DataError
 from adapt.io_utils import atomic_write_json
+from adapt.readers import file_format, iter_lines, iter_records, supported, text_field_of
 
 log = logging.getLogger(__name__)
 
-TEXT_EXTS = (".txt", ".text", ".md", ".cor")  # .cor: plain-text corpora as gensim ships them
-JSONL_EXTS = (".jsonl", ".jsonlines", ".ndjson", ".json")
-PARQUET_EXTS = (".parquet",)
-_OPENERS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
-SUPPORTED = ", ".join(TEXT_EXTS + JSONL_EXTS + PARQUET_EXTS) + " (text and JSON lines may end in .gz/.bz2/.xz)"
+DATA_FORMATS = ("text", "jsonl", "parquet")  # the adapt.readers formats a corpus may be in
+SUPPORTED = supported(DATA_FORMATS)
 HUB_PREFIX = "hf:"
 
 MAX_DOC_CHARS = 1_000_000  # a paragraph longer than this is cut at a line boundary (bounded memory)
@@ -59,20 +55,6 @@ class Document:
 
 
 # ----------------------------------------------------------------------------------------- sources
-
-def _kind(path: Path) -> tuple[str | None, str | None]:
-    """(format, compression) from a file name: ``a.jsonl.gz`` -> ``("jsonl", ".gz")``."""
-    suffixes = [s.lower() for s in path.suffixes]
-    comp = suffixes.pop() if suffixes and suffixes[-1] in _OPENERS else None
-    ext = suffixes[-1] if suffixes else ""
-    if ext in TEXT_EXTS:
-        return "text", comp
-    if ext in JSONL_EXTS:
-        return "jsonl", comp
-    if ext in PARQUET_EXTS and comp is None:  # parquet compresses inside the file
-        return "parquet", None
-    return None, comp
-
 
 def _is_hub(source) -> bool:
     return isinstance(source, str) and source.startswith(HUB_PREFIX) and not Path(source).exists()
@@ -95,12 +77,12 @@ def resolve_sources(sources) -> list[Path | str]:
             raise DataError(f"data source not found: {source}. Pass a file ({SUPPORTED}), a folder of "
                             f"them, or hf:NAME[:CONFIG] for a hub dataset.")
         if path.is_dir():
-            files = sorted(f for f in path.rglob("*") if f.is_file() and _kind(f)[0]
+            files = sorted(f for f in path.rglob("*") if f.is_file() and file_format(f) in DATA_FORMATS
                            and not any(part.startswith(".") for part in f.relative_to(path).parts))
             if not files:
                 raise DataError(f"folder {path} holds no supported data files ({SUPPORTED}).")
             out.extend(files)
-        elif _kind(path)[0] is None:
+        elif file_format(path) not in DATA_FORMATS:
             raise DataError(f"{path}: not a supported data file (its name ends in {''.join(path.suffixes) or 'nothing'}). "
                             f"Supported: {SUPPORTED}.")
         else:
@@ -110,34 +92,11 @@ def resolve_sources(sources) -> list[Path | str]:
     return out
 
 
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(1-based line number, decoded line) of a possibly compressed UTF-8 text file, streamed."""
-    opener = _OPENERS.get(_kind(path)[1], open)
-    lineno = 0
-    try:
-        with opener(path, "rb") as f:
-            for lineno, raw in enumerate(f, 1):
-                if b"\0" in raw:
-                    raise DataError(f"{path}:{lineno}: holds a NUL byte, so it is a binary file (or UTF-16 text), "
-                                    f"not UTF-8 text. Pass text, JSON lines or parquet files (convert UTF-16 to UTF-8).")
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise DataError(f"{path}:{lineno}: not valid UTF-8 (byte {raw[e.start]:#04x} at byte offset "
-                                    f"{e.start} of the line). Convert the file to UTF-8, for example "
-                                    f"`iconv -f latin1 -t utf-8 IN > OUT`.") from None
-                if lineno == 1:
-                    text = text.removeprefix("\ufeff")  # a UTF-8 byte order mark
-                yield lineno, text.rstrip("\r\n")
-    except (OSError, EOFError, lzma.LZMAError) as e:
-        raise DataError(f"{path}: cannot read it after line {lineno}: {e}") from e
-
-
 def _iter_text(path: Path) -> Iterator[Document]:
     """One document per paragraph: a run of non-blank lines; blank lines separate documents."""
     block: list[str] = []
     start = size = 0
-    for lineno, line in _lines(path):
+    for lineno, line in iter_lines(path):
         if line.strip():
             if not block:
                 start = lineno
@@ -152,58 +111,12 @@ def _iter_text(path: Path) -> Iterator[Document]:
         yield Document("\n".join(block).strip(), str(path), start)
 
 
-def _text_of(record, field: str, where: str) -> str | None:
-    """The text in ``record[field]``; None for a null/blank value; DataError when it is not text."""
-    if not isinstance(record, dict):
-        raise DataError(f"{where}: expected an object with a {field!r} field, got {type(record).__name__}.")
-    if field not in record:
-        keys = ", ".join(map(repr, list(record)[:20])) or "none"
-        raise DataError(f"{where}: no {field!r} field (fields: {keys}). Set the text field to the one "
-                        f"that holds the text.")
-    value = record[field]
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise DataError(f"{where}: field {field!r} holds {type(value).__name__}, not text.")
-    return value if value.strip() else None
-
-
-def _iter_jsonl(path: Path, field: str) -> Iterator[Document]:
-    for lineno, line in _lines(path):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg}). Each line must hold one JSON "
-                            f"object (JSON lines); convert a JSON array or pretty-printed JSON first.") from None
-        text = _text_of(record, field, f"{path}:{lineno}")
-        if text is not None:
-            yield Document(text, str(path), lineno)
-
-
-def _iter_parquet(path: Path, field: str, batch_rows: int = 1024) -> Iterator[Document]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        pf = pq.ParquetFile(path)
-    except (pa.ArrowException, OSError) as e:
-        raise DataError(f"{path}: not a readable parquet file ({e}).") from e
-    schema = pf.schema_arrow
-    if field not in schema.names:
-        raise DataError(f"{path}: no column {field!r} (columns: {', '.join(schema.names)}). Set the text "
-                        f"field to the column that holds the text.")
-    kind = schema.field(field).type
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
-            or getattr(pa.types, "is_string_view", lambda _: False)(kind)):
-        raise DataError(f"{path}: column {field!r} holds {kind}, not text.")
-    row = 0
-    for batch in pf.iter_batches(batch_size=batch_rows, columns=[field]):  # row batches, not the file
-        for value in batch.column(0).to_pylist():
-            row += 1
-            if value and value.strip():
-                yield Document(value, str(path), row)
+def _iter_records(path: Path, field: str) -> Iterator[Document]:
+    """One document per JSON line or parquet row; null or blank texts are skipped."""
+    for where, record in iter_records(path, text_fields=(field,)):
+        text = record[field]
+        if text and text.strip():
+            yield Document(text, str(path), where.line)
 
 
 def _iter_hub(spec: str, field: str, split: str) -> Iterator[Document]:
@@ -221,8 +134,8 @@ def _iter_hub(spec: str, field: str, split: str) -> Iterator[Document]:
                             f"instead.") from e
 
     for row, record in enumerate(rows(), 1):
-        text = _text_of(record, field, f"{spec} row {row}")
-        if text is not None:
+        text = text_field_of(record, field, f"{spec} row {row}")
+        if text and text.strip():
             yield Document(text, spec, row)
 
 
@@ -240,9 +153,7 @@ def iter_documents(sources, *, text_field: str = "text", hub_split: str = "train
         if isinstance(source, str):
             docs = _iter_hub(source, text_field, hub_split)
         else:
-            kind = _kind(source)[0]
-            docs = (_iter_text(source) if kind == "text" else _iter_jsonl(source, text_field) if kind == "jsonl"
-                    else _iter_parquet(source, text_field))
+            docs = _iter_text(source) if file_format(source) == "text" else _iter_records(source, text_field)
         for doc in docs:
             found += 1
             yield doc

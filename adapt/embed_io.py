@@ -1,11 +1,14 @@
 """Inputs and outputs of ``adapt embed``: texts in, vectors out, larger than memory if need be.
 
-Inputs: texts given as arguments, stdin (one text a line), ``.txt`` (one text a line), ``.jsonl``
-(field ``field``, default "text"), ``.csv`` (column ``field``), ``.parquet`` (column ``field``, read in
-row batches). Outputs: ``.npy`` (float32 (n, dim), written incrementally through
-``np.lib.format.open_memmap``), ``.parquet`` (``id`` + ``embedding`` fixed-size list, written row group
-by row group), ``.jsonl`` (``{"id": i, "embedding": [...]}`` a line), or stdout as jsonl. ``id`` is the
-text's 0-based position in the input. Files are written to a temporary name and renamed at the end.
+Inputs: texts given as arguments, stdin (one text a line), or a file that :mod:`adapt.readers` reads:
+text (``.txt``..., one text a line), JSON lines (``.jsonl``..., field ``field``, default "text"),
+``.csv`` (column ``field``), ``.parquet`` (column ``field``, read in row batches); all but Parquet may
+be compressed (``.gz .bz2 .xz``), and a UTF-8 byte order mark is dropped.
+
+Outputs: ``.npy`` (float32 (n, dim), written incrementally through ``np.lib.format.open_memmap``),
+``.parquet`` (``id`` + ``embedding`` fixed-size list, written row group by row group), ``.jsonl``
+(``{"id": i, "embedding": [...]}`` a line), or stdout as jsonl. ``id`` is the text's 0-based position
+in the input. Files are written to a temporary name and renamed at the end.
 
 Bad input is an :class:`~adapt.errors.AdaptError`: a missing file or column, bytes that are not UTF-8
 or a malformed line (:class:`DataError` naming the line), no texts at all. Empty texts and texts
@@ -13,8 +16,6 @@ longer than the encoder's limit are embedded as :mod:`adapt.encoder` defines, co
 """
 from __future__ import annotations
 
-import csv
-import io
 import itertools
 import json
 import os
@@ -28,8 +29,9 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from adapt.errors import ConfigError, DataError
+from adapt.readers import file_format, iter_lines, iter_records, supported
 
-INPUT_FORMATS = (".txt", ".jsonl", ".csv", ".parquet")
+INPUT_FORMATS = ("text", "jsonl", "csv", "parquet")  # adapt.readers formats
 OUTPUT_FORMATS = (".npy", ".parquet", ".jsonl")
 
 
@@ -43,88 +45,16 @@ class EmbedSummary:
     output: str
 
 
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(line number, text without its newline) for each line of a UTF-8 file."""
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, 1):
-            try:
-                yield number, raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as err:
-                raise DataError(f"{path}:{number}: the line is not UTF-8 text ({err.reason} at byte "
-                                f"{err.start}); re-encode the file as UTF-8") from None
-
-
-def _jsonl(path: Path, fields) -> Iterator[tuple[str, dict]]:
-    for number, line in _lines(path):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{where}: not valid JSON ({err.msg})") from None
-        missing = [f for f in fields if not isinstance(record, dict) or f not in record]
-        if missing:
-            raise DataError(f"{where}: no field {missing[0]!r} in this record; choose the field with --field")
-        yield where, record
-
-
-def _csv(path: Path, fields) -> Iterator[tuple[str, dict]]:
-    with open(path, "rb") as raw:
-        reader = csv.DictReader(io.TextIOWrapper(raw, encoding="utf-8", newline=""))
-        try:
-            missing = [f for f in fields if f not in (reader.fieldnames or [])]
-            if missing:
-                raise DataError(f"{path}: no column {missing[0]!r} (columns: {', '.join(reader.fieldnames or [])}); "
-                                "choose the column with --field")
-            for row in reader:
-                yield f"{path}:{reader.line_num}", row
-        except UnicodeDecodeError:
-            for _ in _lines(path):  # decoding runs ahead in blocks: find the exact line
-                pass
-            raise DataError(f"{path}: the file is not UTF-8 text") from None
-        except csv.Error as err:
-            raise DataError(f"{path}:{reader.line_num}: malformed CSV ({err})") from None
-
-
-def _parquet(path: Path, fields, batch_rows: int = 8192) -> Iterator[tuple[str, dict]]:
-    import pyarrow.parquet as pq
-
-    try:
-        file = pq.ParquetFile(path)
-    except Exception as err:  # noqa: BLE001 - pyarrow raises several kinds for a bad file
-        raise DataError(f"{path}: not a readable Parquet file ({err})") from None
-    missing = [f for f in fields if f not in file.schema_arrow.names]
-    if missing:
-        raise DataError(f"{path}: no column {missing[0]!r} (columns: {', '.join(file.schema_arrow.names)}); "
-                        "choose the column with --field")
-    row = 0
-    for batch in file.iter_batches(batch_size=batch_rows, columns=list(fields)):
-        for record in batch.to_pylist():
-            yield f"{path}: row {row}", record
-            row += 1
-
-
-_RECORD_READERS = {".jsonl": _jsonl, ".csv": _csv, ".parquet": _parquet}
-
-
 def read_records(path, fields: tuple[str, ...]) -> Iterator[tuple[str, dict]]:
-    """(where, record) for each record of a .jsonl/.csv/.parquet file holding ``fields``; ``where``
-    ("file:line" or "file: row i") names the record in error messages."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such file" if not path.exists() else f"{path} is not a file")
-    reader = _RECORD_READERS.get(path.suffix.lower())
-    if reader is None:
-        raise DataError(f"{path}: unsupported format {path.suffix or '(no extension)'}; use one of "
-                        f"{', '.join(_RECORD_READERS)}")
-    return reader(path, fields)
+    """(where, record) for each record of a JSON lines/CSV/Parquet file holding ``fields``; ``where``
+    ("file:line" or "file: row i") names the record in error messages. See :func:`adapt.readers.iter_records`."""
+    return iter_records(path, fields)
 
 
 def _field_texts(records: Iterator[tuple[str, dict]], field: str) -> Iterator[str]:
     for where, record in records:
-        if not isinstance(record[field], str):
-            raise DataError(f"{where}: {field!r} is {record[field]!r}, not text")
+        if record[field] is None:  # iter_records let only text or null through
+            raise DataError(f"{where}: {field!r} is None, not text")
         yield record[field]
 
 
@@ -139,17 +69,15 @@ def read_texts(input_path=None, texts: Iterable[str] | None = None, *,
     if input_path is None or str(input_path) == "-":
         return (line.rstrip("\r\n") for line in sys.stdin), None
     path = Path(input_path)
-    suffix = path.suffix.lower()
-    if suffix == ".txt":
-        if not path.is_file():
-            raise DataError(f"{path}: no such file" if not path.exists() else f"{path} is not a file")
-        return (text for _, text in _lines(path)), None
-    if suffix not in _RECORD_READERS and path.is_file():
-        raise DataError(f"{path}: unsupported input format {suffix or '(no extension)'}; use one of "
-                        f"{', '.join(INPUT_FORMATS)}")
-    records = read_records(path, (field,))
+    kind = file_format(path)
+    if kind == "text":
+        return (text for _, text in iter_lines(path)), None
+    if kind not in INPUT_FORMATS and path.is_file():
+        raise DataError(f"{path}: unsupported input format {path.suffix or '(no extension)'}; use one of "
+                        f"{supported(INPUT_FORMATS)}")
+    records = iter_records(path, text_fields=(field,))  # a missing file: "no such file"
     n = None
-    if suffix == ".parquet":
+    if kind == "parquet":
         import pyarrow.parquet as pq
         try:
             n = pq.ParquetFile(path).metadata.num_rows

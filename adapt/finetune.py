@@ -34,20 +34,22 @@ import torch
 
 from adapt.arch import facts_for, preferred_attention
 from adapt.bidirectional import assert_bidirectional, prepare_config
-from adapt.embed_io import _lines, read_records, read_texts
+from adapt.embed_io import read_texts
 from adapt.errors import ConfigError, DataError, ModelLoadError, OutputExistsError
 from adapt.export import pin_attention, read_st_settings
 from adapt.io_utils import atomic_path
+from adapt.readers import file_format, iter_lines, iter_records
 
 MARKER = "adapt_classifier.json"
 
 
 def read_labeled(path, text_field: str = "text", label_field: str = "label") -> tuple[list[str], list[str]]:
-    """Texts and label names from .jsonl/.csv/.parquet (named fields) or .txt (``__label__NAME text`` lines)."""
+    """Texts and label names from JSON lines/CSV/Parquet (named fields) or text (``__label__NAME text``
+    lines, fastText's format), compressed or not: any file :mod:`adapt.readers` reads."""
     path = Path(path)
     texts, labels = [], []
-    if path.suffix.lower() in (".txt", ".cor") and path.is_file():
-        for number, line in _lines(path):
+    if file_format(path) == "text":
+        for number, line in iter_lines(path):
             head, _, text = line.partition(" ")
             if line.strip() and not head.startswith("__label__"):
                 raise DataError(f"{path}:{number}: expected '__label__NAME text' (fastText format)")
@@ -55,9 +57,9 @@ def read_labeled(path, text_field: str = "text", label_field: str = "label") -> 
                 texts.append(text)
                 labels.append(head.removeprefix("__label__"))
     else:
-        for where, record in read_records(path, (text_field, label_field)):
-            if not isinstance(record[text_field], str):
-                raise DataError(f"{where}: {text_field!r} is {record[text_field]!r}, not text")
+        for where, record in iter_records(path, (label_field,), text_fields=(text_field,)):
+            if record[text_field] is None:  # iter_records let only text or null through
+                raise DataError(f"{where}: {text_field!r} is None, not text")
             if record[label_field] is None or isinstance(record[label_field], (list, dict)):
                 raise DataError(f"{where}: {label_field!r} is {record[label_field]!r}, not a label")
             texts.append(record[text_field])

@@ -19,6 +19,7 @@ import numpy as np
 
 from adapt.data import iter_documents
 from adapt.errors import DataError
+from adapt.readers import iter_records
 
 log = logging.getLogger(__name__)
 
@@ -75,31 +76,14 @@ def load_pairs(path, *, max_pairs: int | None = None):
     (query, positive) (``duplicate``), and blank negatives or negatives equal to the positive or the
     query (``bad_negatives``). Returns (pairs, counts).
     """
-    from adapt.data import _lines  # replaced by adapt.readers (issue 12)
-
     path = Path(path)
     if not path.is_file():
         raise DataError(f"pairs file {path} does not exist (pass --pairs FILE: JSON lines of "
                         '{"query": ..., "positive": ..., "negatives": [...]})')
     pairs, seen = [], set()
     counts = {"empty": 0, "duplicate": 0, "bad_negatives": 0}
-    for lineno, line in _lines(path):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{where}: not valid JSON ({e.msg}); each line must be one JSON object like "
-                            '{"query": "...", "positive": "...", "negatives": ["..."]}') from None
-        if not isinstance(record, dict):
-            raise DataError(f"{where}: expected a JSON object with query and positive, got {type(record).__name__}")
-        for name in ("query", "positive"):
-            if name not in record:
-                keys = ", ".join(map(repr, list(record)[:10])) or "none"
-                raise DataError(f"{where}: no {name!r} field (fields: {keys}); each line needs query and positive")
-            if not isinstance(record[name], str) and record[name] is not None:
-                raise DataError(f"{where}: {name!r} holds {type(record[name]).__name__}, not text")
+    # JSON lines whatever the name says (pairs.jsonl.gz is gzipped); query and positive: text or null
+    for where, record in iter_records(path, text_fields=("query", "positive"), format="jsonl"):
         negatives = record.get("negatives", record.get("negative")) or []
         negatives = [negatives] if isinstance(negatives, str) else negatives
         if not isinstance(negatives, list) or not all(isinstance(n, str) or n is None for n in negatives):

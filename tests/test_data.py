@@ -67,7 +67,7 @@ def test_jsonl_missing_field_names_file_line_and_fields(tmp_path):
 
 
 @pytest.mark.parametrize("line, message", [('{"text": 5}', "holds int, not text"),
-                                           ('["text"]', "expected an object"),
+                                           ('["text"]', "expected a JSON object"),
                                            ('{"text": "unterminated', "not valid JSON")])
 def test_jsonl_bad_records_name_the_line(tmp_path, line, message):
     f = tmp_path / "a.jsonl"
@@ -168,7 +168,7 @@ def test_binary_files_are_refused(tmp_path):
         list(iter_documents(fake))
     not_parquet = tmp_path / "x.parquet"
     not_parquet.write_bytes(b"not parquet at all")
-    with pytest.raises(DataError, match="not a readable parquet file"):
+    with pytest.raises(DataError, match="not a readable Parquet file"):
         list(iter_documents(not_parquet))
     broken = tmp_path / "broken.txt.gz"
     broken.write_bytes(b"not gzip")

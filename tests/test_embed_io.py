@@ -127,10 +127,10 @@ def bad_inputs(tmp_path):
     (tmp_path / "in.docx").write_text("x")
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "junk.parquet").write_text("not parquet")
-    return [("missing.txt", "no such file"), ("latin1.txt", "latin1.txt:3: the line is not UTF-8"),
-            ("bad.jsonl", "bad.jsonl:2: not valid JSON"), ("nofield.jsonl", "nofield.jsonl:2: no field 'text'"),
-            ("number.jsonl", "number.jsonl:1: 'text' is 5, not text"), ("nocol.csv", "no column 'text'"),
-            ("latin1.csv", "latin1.csv:3: the line is not UTF-8"), ("in.docx", "unsupported input format .docx"),
+    return [("missing.txt", "no such file"), ("latin1.txt", "latin1.txt:3: not valid UTF-8"),
+            ("bad.jsonl", "bad.jsonl:2: not valid JSON"), ("nofield.jsonl", "nofield.jsonl:2: no 'text' field"),
+            ("number.jsonl", "number.jsonl:1: 'text' holds int, not text"), ("nocol.csv", "no column 'text'"),
+            ("latin1.csv", "latin1.csv:3: not valid UTF-8"), ("in.docx", "unsupported input format .docx"),
             ("empty.txt", "holds no texts"), ("junk.parquet", "not a readable Parquet file")]
 
 

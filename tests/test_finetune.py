@@ -122,7 +122,7 @@ def test_bad_inputs(encoder_dir, data, tmp_path):
     with pytest.raises(DataError, match="two labels"):
         finetune(encoder_dir, tmp_path / "one.jsonl", tmp_path / "o1", show_progress=False)
     (tmp_path / "nolabel.jsonl").write_text(json.dumps({"text": "a"}) + "\n")
-    with pytest.raises(DataError, match="nolabel.jsonl:1: no field 'label'"):
+    with pytest.raises(DataError, match="nolabel.jsonl:1: no 'label' field"):
         finetune(encoder_dir, tmp_path / "nolabel.jsonl", tmp_path / "o2", show_progress=False)
     with pytest.raises(DataError, match="no such file"):
         finetune(encoder_dir, tmp_path / "missing.jsonl", tmp_path / "o3", show_progress=False)
