@@ -136,6 +136,10 @@ class TrainConfig:
     log_every: int = _help("metrics log interval in steps", 10)
     seed: int = _help("seed for data order, masking and init", 0)
     trackers: list[str] = _help("Accelerate trackers: tensorboard, wandb (used when installed)", default_factory=list)
+    best_metric: str | None = _help("keep the weights of the evaluation where this eval metric was best (e.g. "
+                                    "eval/macro_f1; a name ending in _loss is minimised, others maximised); null: "
+                                    "the last weights", None)
+    patience: int = _help("with best_metric: stop after this many evaluations without improvement (0: never)", 0)
 
     def __post_init__(self):
         _check(self.max_steps > 0, "train.max_steps must be positive")
@@ -145,6 +149,9 @@ class TrainConfig:
         _check(self.scheduler in ("cosine", "linear", "constant"), "train.scheduler must be cosine, linear or constant")
         _check(self.mixed_precision in ("no", "bf16", "fp16"), "train.mixed_precision must be no, bf16 or fp16")
         _check(self.keep_checkpoints >= 1, "train.keep_checkpoints must be at least 1")
+        _check(self.patience >= 0, "train.patience must be 0 (off) or a positive number of evaluations")
+        _check(self.best_metric is None or isinstance(self.best_metric, str),
+               "train.best_metric must be the name of an eval metric, like eval/mlm_loss")
 
 
 @dataclass

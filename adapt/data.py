@@ -12,9 +12,8 @@ Data flows one way through three pieces:
    dropped) and appends the blocks to ``train.npy`` / ``eval.npy`` (uint32, ``(N, seq_len)``), so
    memory stays O(one batch of documents). A ``meta.json`` fingerprint of the inputs lets a second
    call reuse the store and a changed input rebuild it.
-3. :class:`BatchIterator` yields batch ``k`` of a run as a pure function of ``(seed, k)``: resuming
-   at ``start_step`` gives exactly the batches an uninterrupted run would have seen, and each of
-   ``world_size`` processes gets a disjoint slice of every global batch.
+
+:mod:`adapt.batches` then cuts the stored blocks into deterministic, resumable batches.
 """
 from __future__ import annotations
 
@@ -23,7 +22,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import os
 import struct
 from pathlib import Path
@@ -89,6 +87,20 @@ def resolve_sources(sources) -> list[Path | str]:
             out.append(path)
     if not out:
         raise DataError("no data sources given.")
+    return out
+
+
+def resolve_data_sources(sources: list[str]) -> list[str]:
+    """``gensim:NAME`` names a file of gensim's test data (real text that installs from PyPI)."""
+    out = []
+    for s in sources:
+        if s.startswith("gensim:"):
+            try:
+                from gensim.test.utils import datapath
+            except ImportError:
+                raise DataError(f"{s}: pip install gensim==4.4.0 to use gensim's test data") from None
+            s = datapath(s.split(":", 1)[1])
+        out.append(s)
     return out
 
 
@@ -368,88 +380,3 @@ def build_token_store(sources, tokenizer, store_dir, *, seq_len: int, text_field
     log.info("token store %s: %d train + %d eval blocks of %d tokens from %d documents", store_dir,
              meta["train_blocks"], meta["eval_blocks"], seq_len, documents)
     return TokenStore.open(store_dir)
-
-
-# ----------------------------------------------------------------------------------------- batches
-
-class BatchIterator:
-    """An endless, deterministic, resumable sequence of batches of blocks.
-
-    Epoch ``e`` visits the blocks in the order ``np.random.default_rng([seed, e]).permutation(N)``,
-    cut into global batches of ``batch_size * world_size``; process ``rank`` gets its slice of each.
-    Batch ``k`` is a pure function of ``(seed, k)`` (see :meth:`batch`), so starting at
-    ``start_step`` continues exactly where an interrupted run stopped. ``.step`` is the next step.
-    With ``drop_last=False`` the last global batch of an epoch may be short (split as evenly as
-    possible across ranks, so a rank can get fewer rows, or none).
-    """
-
-    def __init__(self, blocks, batch_size: int, *, seed: int, start_step: int = 0, drop_last: bool = True,
-                 rank: int = 0, world_size: int = 1):
-        if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size or start_step < 0:
-            raise ValueError(f"bad batch layout: batch_size={batch_size}, rank={rank}, world_size={world_size}, "
-                             f"start_step={start_step}")
-        self.blocks, self.batch_size, self.seed = blocks, batch_size, seed
-        self.rank, self.world_size, self.step = rank, world_size, start_step
-        self.global_batch = batch_size * world_size
-        n = len(blocks)
-        self.steps_per_epoch = n // self.global_batch if drop_last else math.ceil(n / self.global_batch)
-        if self.steps_per_epoch == 0:
-            raise DataError(f"only {n} blocks, fewer than one global batch of {self.global_batch} "
-                            f"({batch_size} per process x {world_size} processes). Add text, or lower the "
-                            f"batch size or seq_len.")
-        self._epoch, self._order = -1, None
-
-    def _permutation(self, epoch: int) -> np.ndarray:
-        if epoch != self._epoch:
-            self._epoch, self._order = epoch, np.random.default_rng([self.seed, epoch]).permutation(len(self.blocks))
-        return self._order
-
-    def indices(self, step: int) -> np.ndarray:
-        """The block indices of this process's part of global batch ``step``."""
-        epoch, k = divmod(step, self.steps_per_epoch)
-        global_batch = self._permutation(epoch)[k * self.global_batch:(k + 1) * self.global_batch]
-        return np.array_split(global_batch, self.world_size)[self.rank]
-
-    def batch(self, step: int) -> np.ndarray:
-        """This process's batch ``step``: (batch_size, seq_len) uint32."""
-        return np.asarray(self.blocks[self.indices(step)])
-
-    def __iter__(self) -> BatchIterator:
-        return self
-
-    def __next__(self) -> np.ndarray:
-        out = self.batch(self.step)
-        self.step += 1
-        return out
-
-
-def batch_iterator(blocks, batch_size: int, *, seed: int, start_step: int = 0, drop_last: bool = True,
-                   rank: int = 0, world_size: int = 1) -> BatchIterator:
-    """See :class:`BatchIterator`."""
-    return BatchIterator(blocks, batch_size, seed=seed, start_step=start_step, drop_last=drop_last,
-                         rank=rank, world_size=world_size)
-
-
-def iter_eval_batches(blocks, batch_size: int, *, rank: int = 0, world_size: int = 1,
-                      max_batches: int | None = None) -> Iterator[np.ndarray]:
-    """One pass over held-out blocks in order (finite); each rank gets a disjoint slice of each batch."""
-    step = batch_size * world_size
-    for k, start in enumerate(range(0, len(blocks), step)):
-        if max_batches is not None and k >= max_batches:
-            return
-        idx = np.array_split(np.arange(start, min(start + step, len(blocks))), world_size)[rank]
-        yield np.asarray(blocks[idx])
-
-
-def resolve_data_sources(sources: list[str]) -> list[str]:
-    """``gensim:NAME`` names a file of gensim's test data (real text that installs from PyPI)."""
-    out = []
-    for s in sources:
-        if s.startswith("gensim:"):
-            try:
-                from gensim.test.utils import datapath
-            except ImportError:
-                raise DataError(f"{s}: pip install gensim==4.4.0 to use gensim's test data") from None
-            s = datapath(s.split(":", 1)[1])
-        out.append(s)
-    return out

@@ -92,6 +92,7 @@ class Trainer:
         self.step, self.tokens = 0, 0
         self.metrics_path = self.run_dir / METRICS
         self.last_eval: dict = {}
+        self.best: dict | None = None  # with train.best_metric: {"step", "value", "state"} of the best evaluation
 
     # ---- checkpoints -----------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
@@ -131,10 +132,29 @@ class Trainer:
     def evaluate(self) -> dict:
         return self.objective.evaluate(self.module, self.accelerator)
 
+    def _track_best(self) -> bool:
+        """Remember the weights of the best evaluation (``train.best_metric``); True when patience ran out."""
+        name = self.tcfg.best_metric
+        if not name:
+            return False
+        if name not in self.last_eval:
+            raise TrainingError(f"train.best_metric={name!r} is not an eval metric of this run; it has "
+                                f"{', '.join(sorted(self.last_eval)) or 'none'}")
+        value, lower = self.last_eval[name], name.endswith("_loss")
+        if self.best is None or (value < self.best["value"] if lower else value > self.best["value"]):
+            trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
+            state = {n: t.detach().clone() for n, t in self.accelerator.unwrap_model(self.module).model.state_dict().items()
+                     if n in trainable}
+            self.best = {"step": self.step, "value": value, "state": state, "stale": 0}
+            return False
+        self.best["stale"] += 1
+        return bool(self.tcfg.patience) and self.best["stale"] >= self.tcfg.patience
+
     def _log(self, record: dict) -> None:
         if self.accelerator.is_main_process:
             append_jsonl(self.metrics_path, record)
-        self.accelerator.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=record["step"])
+        self.accelerator.log({k: v for k, v in record.items() if k != "step" and isinstance(v, (int, float))},
+                             step=record["step"])
 
     def check_finite(self, loss: torch.Tensor, what: str) -> None:
         """Stop (on every process) with a TrainingError naming the last good checkpoint if a loss is NaN/inf."""
@@ -197,11 +217,16 @@ class Trainer:
                     self._log(record)
                     bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{rate:.0f}", obj=label)
                     window_t, window_tok, losses = now, 0, []
+                stop = False
                 if (t.eval_every and self.step % t.eval_every == 0) or self.step == t.max_steps:
                     self.last_eval = self.evaluate()
                     self._log({"step": self.step, **self.last_eval})
-                if (t.save_every and self.step % t.save_every == 0) or self.step == t.max_steps:
+                    stop = self._track_best()
+                if (t.save_every and self.step % t.save_every == 0) or self.step == t.max_steps or stop:
                     self.save_checkpoint()
+                if stop:
+                    log.info("no better %s for %d evaluations: stopped at step %d", t.best_metric, t.patience, self.step)
+                    break
         except KeyboardInterrupt:
             bar.close()
             saved = self.save_checkpoint() if self.step > 0 else None
@@ -211,6 +236,9 @@ class Trainer:
             bar.close()
         if t.trackers:
             acc.end_training()
+        if self.best is not None:  # the weights of the best evaluation, as the run's result
+            acc.unwrap_model(self.module).model.load_state_dict(self.best["state"], strict=False)
+            self.last_eval = {**self.last_eval, "best_step": self.best["step"], "best_value": self.best["value"]}
         return TrainResult(self.step, self.tokens, time.perf_counter() - start, self.last_eval, self.metrics_path)
 
 

@@ -195,3 +195,20 @@ def test_qlora_conversion_merges_into_unquantized_base(corpus, tmp_path, tokeniz
     weights = _weights(out)
     assert all(v.dtype in (torch.float32, torch.bfloat16) for v in weights.values())
     assert (out / "run/adapter/adapter_model.safetensors").exists()
+
+
+def test_trackers_reach_tensorboard(tiny_model_dir, corpus, tmp_path):
+    """`train.trackers` reaches the Accelerator the runner builds: TensorBoard gets the loss and eval metrics."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "out"
+    _run(tiny_model_dir, out, corpus, overrides=["train.trackers=[tensorboard]"])
+    events = sorted((out / "run" / "adapt").glob("events.out.tfevents.*"))  # the run's scalars (hparams: a subfolder)
+    assert events, "no TensorBoard event file under run/adapt/"
+    acc = EventAccumulator(str(events[0]))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"loss", "lr", "eval/mlm_loss", "eval/mlm_acc"} <= tags, tags
+    assert [e.step for e in acc.Scalars("loss")] == [1, 2, 3, 4]  # the tiny preset logs every step
+    assert [e.step for e in acc.Scalars("eval/mlm_loss")] == [2, 4]

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from adapt import data
-from adapt.data import BatchIterator, TokenStore, batch_iterator, build_token_store, iter_documents, iter_eval_batches
+from adapt.batches import BatchIterator, batch_iterator
+from adapt.data import TokenStore, build_token_store, iter_documents
 from adapt.errors import DataError
 from tests.tiny import CORPUS
 
@@ -393,10 +394,3 @@ def test_too_few_blocks_for_a_batch():
         batch_iterator(blocks(3), 2, seed=0, world_size=2)
     with pytest.raises(ValueError):
         batch_iterator(blocks(3), 1, seed=0, rank=2, world_size=2)
-
-
-def test_eval_batches_cover_every_block_once_across_ranks():
-    b = blocks(11)
-    seen = [rows(x) for r in range(2) for x in iter_eval_batches(b, 3, rank=r, world_size=2)]
-    assert sorted(sum(seen, [])) == list(range(11))
-    assert len(list(iter_eval_batches(b, 3, max_batches=2))) == 2

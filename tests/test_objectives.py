@@ -349,3 +349,56 @@ def test_schedule_validation(spec, message):
 
 def test_objectives_constant():
     assert OBJECTIVES == ("mlm", "mntp", "clm")
+
+
+# ---- evaluation sharded over processes ---------------------------------------------------------
+
+class _FakeProcess:
+    """What an objective's evaluate uses of an Accelerator, for process ``rank`` of ``world``; the
+    gather returns this process's rows only, and the test adds the processes up."""
+
+    def __init__(self, rank, world):
+        self.process_index, self.num_processes, self.device = rank, world, torch.device("cpu")
+        self.gathered = []
+
+    def gather_for_metrics(self, tensor):
+        self.gathered.append(tensor.clone())
+        return tensor
+
+    def unwrap_model(self, module):
+        return module
+
+    def autocast(self):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+
+def test_masked_eval_shards_rows_over_processes_and_sums_to_the_single_process_figures(tmp_path, tokenizer):
+    from adapt.config import RunConfig
+    from adapt.data import build_token_store
+    from adapt.objectives.masked import MaskedLM
+    from tests.tiny import CORPUS, tiny_decoder
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n\n".join([CORPUS] * 6))
+    cfg = RunConfig.from_dict({"objective": {"schedule": {"mlm": 1, "clm": 1}},
+                               "train": {"batch_size": 3, "eval_batches": 2}})
+    model = tiny_decoder("llama", vocab_size=len(tokenizer))
+    objective = MaskedLM(cfg)
+    objective.configure_model(model, tokenizer)
+    objective.store = build_token_store([corpus], tokenizer, tmp_path / "store", seq_len=16, eval_fraction=0.3,
+                                        show_progress=False)
+    assert len(objective.store.eval) >= 5  # two batches of 3, the second one short or full
+    module = objective.module(model)
+    alone = _FakeProcess(0, 1)
+    single = objective.evaluate(module, alone)
+    ranks = [_FakeProcess(r, 2) for r in range(2)]
+    for process in ranks:
+        objective.evaluate(module, process)
+    for i, name in enumerate(sorted(["mlm", "clm"])):
+        total = ranks[0].gathered[i] + ranks[1].gathered[i]  # (1, 3): loss x labels, labels, correct
+        assert float(ranks[0].gathered[i][0, 1]) > 0 and float(ranks[1].gathered[i][0, 1]) > 0  # both did work
+        assert float(total[0, 1]) == float(alone.gathered[i][0, 1])  # ... each on its share of the labels
+        assert float(total[0, 0] / total[0, 1]) == pytest.approx(single[f"eval/{name}_loss"], rel=1e-5)
+        assert float(total[0, 2] / total[0, 1]) == pytest.approx(single[f"eval/{name}_acc"], rel=1e-6)

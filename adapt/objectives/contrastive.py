@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from adapt.config import RunConfig
-from adapt.data import batch_iterator, resolve_data_sources
+from adapt.batches import batch_iterator
+from adapt.data import resolve_data_sources
 from adapt.embedding import Embedder, set_dropout, tokenize
 from adapt.errors import ConfigError, DataError
 from adapt.objectives import ObjectiveBase, StageContext, StepOutput

@@ -11,7 +11,8 @@ import numpy as np
 import torch
 
 from adapt.config import RunConfig
-from adapt.data import batch_iterator, build_token_store, resolve_data_sources
+from adapt.batches import batch_iterator
+from adapt.data import build_token_store, resolve_data_sources
 from adapt.errors import ConfigError
 from adapt.layout import TOKEN_STORE
 from adapt.loading import setup_mask_token
