@@ -168,7 +168,7 @@ class ExportConfig:
         _check(self.dtype in (None, "float32", "bfloat16", "float16"), "export.dtype must be float32, bfloat16 or float16")
 
 
-CONTRASTIVE_LOSSES = ("simcse", "pairs")
+CONTRASTIVE_LOSSES = ("simcse", "pairs", "crops")
 
 
 @dataclass
@@ -176,7 +176,9 @@ class ContrastiveConfig:
     """A contrastive stage (``adapt.contrastive``). Steps, batch size, lr, schedule, precision and
     checkpoints come from the stage's ``train`` section; pooling from ``export.pooling``."""
     loss: str = _help("simcse: two dropout views of each text of data.sources are positives, in-batch "
-                      "negatives | pairs: supervised {query, positive, negatives} lines of `pairs`", "simcse")
+                      "negatives | pairs: supervised {query, positive, negatives} lines of `pairs` | crops: two "
+                      "spans cut independently from each document of data.sources are positives (Contriever)",
+                      "simcse")
     pairs: str | None = _help("pairs: a JSON-lines file of {query, positive, negatives?: [...]}", None)
     temperature: float = _help("softmax temperature on cosine similarities (sentence-transformers' scale = "
                                "1 / temperature; 0.05 is scale 20)", 0.05)
@@ -192,10 +194,14 @@ class ContrastiveConfig:
     document_prompt: str = _help("pairs: text put before positives and negatives (exported as 'document')", "")
     gather: bool = _help("with several processes, every process's documents are negatives for every query", True)
     min_words: int = _help("simcse: sentences of fewer words are skipped", 4)
-    max_texts: int | None = _help("simcse: use at most this many sentences (pairs: lines) of the data", None)
+    max_texts: int | None = _help("simcse: use at most this many sentences (pairs: lines; crops: documents) of the "
+                                  "data", None)
+    crop_ratio: list = _help("crops: each span is this fraction of its document's words, drawn uniformly "
+                             "between the two bounds (Contriever: 0.1 to 0.5)", default_factory=lambda: [0.1, 0.5])
 
     def __post_init__(self):
-        _check(self.loss in CONTRASTIVE_LOSSES, f"contrastive.loss must be simcse or pairs, not {self.loss!r}")
+        _check(self.loss in CONTRASTIVE_LOSSES,
+               f"contrastive.loss must be {', '.join(CONTRASTIVE_LOSSES)}, not {self.loss!r}")
         _check(isinstance(self.temperature, (int, float)) and 0 < self.temperature <= 10,
                f"contrastive.temperature must be in (0, 10], not {self.temperature!r}")
         _check(self.dropout is None or 0 <= self.dropout < 1, "contrastive.dropout must be in [0, 1) or null")
@@ -204,6 +210,10 @@ class ContrastiveConfig:
         _check(self.hard_negatives >= 0, "contrastive.hard_negatives must be 0 or more")
         _check(self.min_words >= 1, "contrastive.min_words must be at least 1")
         _check(self.max_texts is None or self.max_texts > 0, "contrastive.max_texts must be positive or null")
+        _check(isinstance(self.crop_ratio, (list, tuple)) and len(self.crop_ratio) == 2
+               and 0 < self.crop_ratio[0] <= self.crop_ratio[1] <= 1,
+               f"contrastive.crop_ratio must be [low, high] with 0 < low <= high <= 1, not {self.crop_ratio!r}")
+        self.crop_ratio = [float(x) for x in self.crop_ratio]
         _check(isinstance(self.query_prompt, str) and isinstance(self.document_prompt, str),
                "contrastive.query_prompt and document_prompt must be strings")
 

@@ -66,6 +66,37 @@ def load_sentences(sources, *, text_field: str = "text", min_words: int = 4, max
     return out, counts
 
 
+def load_documents(sources, *, text_field: str = "text", min_words: int = 16, max_texts: int | None = None):
+    """Documents for cropping (paragraphs of text files, JSON lines, rows), whitespace-normalized; those of
+    fewer than ``min_words`` words and repeats are skipped. Returns (documents, counts)."""
+    seen, out, counts = set(), [], {"short": 0, "duplicate": 0}
+    for doc in iter_documents(sources, text_field=text_field):
+        text = " ".join(doc.text.split())
+        if len(text.split()) < min_words:
+            counts["short"] += 1
+            continue
+        key = text_key(text)
+        if key in seen:
+            counts["duplicate"] += 1
+            continue
+        seen.add(key)
+        out.append(text)
+        if max_texts and len(out) >= max_texts:
+            break
+    return out, counts
+
+
+def crop(words: list[str], rng: np.random.Generator, ratio: tuple[float, float], min_words: int,
+         max_words: int) -> str:
+    """A contiguous span of ``words``: its length a uniform fraction ``ratio`` of them (at least ``min_words``,
+    at most ``max_words``), its start uniform over the places it fits (Izacard et al., 2022, Contriever)."""
+    n = len(words)
+    length = int(round(rng.uniform(*ratio) * n))
+    length = max(1, min(n, max_words, max(min_words, length)))
+    start = int(rng.integers(0, n - length + 1))
+    return " ".join(words[start:start + length])
+
+
 def load_pairs(path, *, max_pairs: int | None = None):
     """Read a pairs file: one JSON object per line, ``{"query": str, "positive": str, "negatives": [str, ...]}``.
 

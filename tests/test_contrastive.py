@@ -359,3 +359,52 @@ def test_too_little_data_is_a_clear_error(tiny_model_dir, tmp_path):
     with pytest.raises(DataError, match="only 3 training sentences"):
         train_contrastive(_cfg(tiny_model_dir, data={"sources": [str(corpus)]}), tmp_path / "o", show_progress=False)
     assert not (tmp_path / "o").exists()
+
+
+# ---- crops (Contriever's independent cropping) -----------------------------------------------------
+
+def test_crops_are_contiguous_spans_of_the_asked_length():
+    from adapt.pairs import crop
+
+    words = [f"w{i}" for i in range(100)]
+    rng = np.random.default_rng(0)
+    lengths = set()
+    for _ in range(200):
+        span = crop(words, rng, (0.1, 0.5), 8, 30).split()
+        start = words.index(span[0])
+        assert span == words[start:start + len(span)]
+        assert 10 <= len(span) <= 30  # 0.1 x 100 at least; capped at max_words
+        lengths.add(len(span))
+    assert len(lengths) > 5  # drawn, not fixed
+    assert crop(words[:5], rng, (0.1, 0.5), 8, 30).split() == words[:5]  # a short document is taken whole
+
+
+def _documents(n=24):
+    return "\n\n".join(" ".join(toy_sentences(40)[i:i + 5]) for i in range(n)) + "\n"
+
+
+def test_crops_stage_resumes_exactly_after_a_crash(tiny_model_dir, tmp_path, monkeypatch):
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text(_documents(), encoding="utf-8")
+    cfg = _cfg(tiny_model_dir, data={"sources": [str(corpus)]}, contrastive={"loss": "crops", "dropout": 0.0},
+               train={"max_steps": 6, "save_every": 2})
+    cfg = RunConfig.from_dict({**cfg.to_dict(), "kind": "crops"})
+    straight = train_contrastive(cfg, tmp_path / "straight", show_progress=False)
+    assert straight.summary["loss"] == "crops" and straight.summary["data"]["examples"] == 24
+    assert {"eval/crops_loss", "eval/crops_acc"} <= set(straight.summary["final_eval"])
+    original, calls = Trainer.train_step, {"n": 0}
+
+    def dying(self):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise RuntimeError("simulated kill")
+        return original(self)
+
+    monkeypatch.setattr(Trainer, "train_step", dying)
+    with pytest.raises(RuntimeError, match="simulated kill"):
+        train_contrastive(cfg, tmp_path / "crashed", show_progress=False)
+    monkeypatch.setattr(Trainer, "train_step", original)
+    train_contrastive(cfg, tmp_path / "crashed", resume=True, show_progress=False)
+    a, b = load_file(str(tmp_path / "straight/model.safetensors")), load_file(str(tmp_path / "crashed/model.safetensors"))
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)

@@ -40,6 +40,7 @@ class Contrastive(ObjectiveBase):
     """InfoNCE on SimCSE sentences or supervised pairs (``contrastive.loss``)."""
 
     micro_batches = 1  # the whole batch is one micro-batch: grad_accum enlarges it through caching
+    example_name = "sentences"  # what the examples are called in messages
 
     def __init__(self, cfg: RunConfig):
         self.cfg, self.kind, self.c = cfg, cfg.kind, cfg.contrastive
@@ -83,7 +84,7 @@ class Contrastive(ObjectiveBase):
                               "contrastive.mini_batch=0 and train.grad_accum=1")
         need = self.batch * accelerator.num_processes
         if len(self.train_set) < need:
-            what = "pairs" if self.c.loss == "pairs" else "sentences"
+            what = "pairs" if self.c.loss == "pairs" else self.example_name
             raise DataError(f"only {len(self.train_set)} training {what}, fewer than one batch of {need} "
                             f"(train.batch_size x grad_accum x {accelerator.num_processes} processes): add data or "
                             "lower train.batch_size")

@@ -1,0 +1,61 @@
+"""Unsupervised pairs cut from the same document (Izacard et al., 2022, "Contriever": independent cropping).
+
+    adapt convert MODEL -o OUT --stages mlm,crops --data corpus.txt
+
+Each document of ``data.sources`` (a paragraph of a text file, a JSON line, a row) gives, at every
+step, two spans cut independently (each ``contrastive.crop_ratio`` of its words, at a uniform start):
+one is the query, the other its positive, the other documents' spans in the batch the negatives.
+Unlike SimCSE's two dropout views of one sentence, the two views share meaning, not words, which is
+what retrieval asks of an encoder. Crops are a pure function of (seed, step, process), so a resumed
+run cuts the same ones. Everything else is :class:`adapt.objectives.contrastive.Contrastive`'s.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from adapt.data import resolve_data_sources
+from adapt.errors import ConfigError
+from adapt.objectives.contrastive import Contrastive
+from adapt.pairs import crop, load_documents, text_key
+
+KINDS = {"crops": {"contrastive": {"loss": "crops"}}}
+
+MIN_CROP_WORDS = 8
+EVAL_STREAM = 1
+
+
+class Crops(Contrastive):
+    example_name = "documents"
+
+    def load_examples(self):
+        c, d = self.c, self.cfg.data
+        if not d.sources:
+            raise ConfigError("a crops stage needs documents: pass --data PATH or set data.sources for the stage")
+        return load_documents(resolve_data_sources(d.sources), text_field=d.text_field,
+                              min_words=2 * MIN_CROP_WORDS, max_texts=c.max_texts)
+
+    def start(self, step: int, accelerator) -> None:
+        super().start(step, accelerator)
+        self._rank = accelerator.process_index
+
+    def step(self, module, accelerator, step: int):
+        self._rng = np.random.default_rng([self.cfg.train.seed, step, self._rank])
+        return super().step(module, accelerator, step)
+
+    def evaluate(self, module, accelerator) -> dict:
+        self._rng = np.random.default_rng([self.cfg.train.seed, EVAL_STREAM, accelerator.process_index])
+        return super().evaluate(module, accelerator)
+
+    def texts(self, examples):
+        """Queries (first crops) then documents (second crops); keys name the source document, so a
+        document that appears twice in the corpus is never its own negative."""
+        c = self.c
+        words = [doc.split() for doc in examples]
+        spans = [(crop(w, self._rng, c.crop_ratio, MIN_CROP_WORDS, c.max_length),
+                  crop(w, self._rng, c.crop_ratio, MIN_CROP_WORDS, c.max_length)) for w in words]
+        keys = [text_key(doc) for doc in examples]
+        return ([c.query_prompt + a for a, _ in spans] + [c.document_prompt + b for _, b in spans], len(spans),
+                keys, keys)
+
+
+OBJECTIVE = Crops
