@@ -257,15 +257,16 @@ def render_card(name: str, manifest: dict) -> str:
     """The model card (README.md) from ``manifest["card"]``, the dict the caller passes: ``final_eval``
     / ``metrics`` (final training figures), ``bench`` (``{task: score}``), ``recipe`` (the full run
     config, shown as JSON) and any other keys (objective, steps, mask_ratio, tuning, ...) as the recipe table."""
-    card = dict(manifest.get("card") or {})
+    card = portable(dict(manifest.get("card") or {}))
     metrics = card.pop("final_eval", None) or card.pop("metrics", None) or card.pop("final", None) or {}
     bench = card.pop("bench", None) or card.pop("benchmark", None) or {}
     full_recipe = card.pop("recipe", None)
-    source = manifest.get("source") or card.get("source") or "unknown"
+    source = portable(manifest.get("source") or card.get("source") or "unknown")
     lines = ["---", "library_name: sentence-transformers", "pipeline_tag: sentence-similarity",
              "tags: [sentence-transformers, feature-extraction, bidirectional, adapt]"]
-    if manifest.get("source") and not os.path.isabs(str(source)) and not os.path.exists(str(source)):
-        lines.append(f"base_model: {source}")
+    raw_source = str(manifest.get("source") or "")
+    if raw_source and not os.path.isabs(raw_source) and not os.path.exists(raw_source) and ":" not in raw_source:
+        lines.append(f"base_model: {raw_source}")  # a hub id
     lines += ["---", "", f"# {name}", "",
               f"A bidirectional text encoder converted by `adapt` from the causal decoder `{source}`: its attention "
               "sees the whole text (`\"is_causal\": false` in config.json), adapted as the recipe below says.", "",
@@ -288,6 +289,19 @@ def render_card(name: str, manifest: dict) -> str:
     lines += ["", "## Training figures", ""] + (_table(metrics) if metrics else ["None recorded."])
     lines += ["", "## Benchmark", ""] + (_table(bench) if bench else ["Not benchmarked yet: run `adapt bench`."])
     return "\n".join(lines) + "\n"
+
+
+def portable(value):
+    """``value`` with every absolute path of this machine cut to its last two parts (``.../parent/name``):
+    a model card travels, and where it was made says nothing to its reader."""
+    if isinstance(value, dict):
+        return {k: portable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(portable(v) for v in value)
+    if isinstance(value, str) and os.path.isabs(value) and "\n" not in value:
+        parts = Path(value).parts
+        return ".../" + "/".join(parts[-2:]) if len(parts) > 2 else value
+    return value
 
 
 def _table(values: dict) -> list[str]:

@@ -251,3 +251,18 @@ def test_export_from_path_refuses_bad_sources(tokenizer, tmp_path, tiny_model_di
 def _saved(tokenizer, path):
     tokenizer.save_pretrained(path)
     return path
+
+
+def test_model_card_holds_no_absolute_path(tmp_path):
+    from adapt.export import render_card
+
+    manifest = {"source": "/home/someone/models/my-decoder", "pooling": "mean", "normalize": False,
+                "max_seq_length": 64, "dtype": "float32", "attn_implementation": "sdpa",
+                "card": {"loss_plot": "/home/someone/out/run/loss.png", "steps": 3,
+                         "recipe": {"model": {"source": "/home/someone/models/my-decoder"},
+                                    "data": {"sources": ["/data/corpus/news.txt", "gensim:lee.cor"]}}}}
+    card = render_card("enc", manifest)
+    assert "/home/someone" not in card and "/data/corpus" not in card
+    assert ".../models/my-decoder" in card and ".../corpus/news.txt" in card and "gensim:lee.cor" in card
+    assert "base_model" not in card  # a local folder is no hub id
+    assert "base_model: org/decoder" in render_card("enc", {**manifest, "source": "org/decoder"})
