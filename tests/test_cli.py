@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cli import main
+from adapt.cli import main
 from tests.tiny import CORPUS
 
 COMMANDS = ["convert", "presets", "probe", "export", "embed", "finetune", "classify", "bench"]
