@@ -93,18 +93,27 @@ def convert(model, out, preset, data, objective, tuning, max_steps, stages, pair
 
 @main.command()
 @click.argument("name", required=False)
-def presets(name):
+@click.option("--path", "show_path", is_flag=True, help="Print the file's path instead of its text (no NAME: the "
+              "presets folder). NAME may also be an Accelerate config, e.g. accelerate/ddp, for "
+              "`accelerate launch --config_file`.")
+def presets(name, show_path):
     """List the presets, or print preset NAME.
 
     Presets are YAML recipes under presets/ with the sections model, data, objective, tuning, train
     and export; use one with `adapt convert --preset NAME` and override any value with --set."""
-    from adapt.config import RunConfig, list_presets, load_preset
+    from adapt.config import PRESETS_DIR, RunConfig, list_presets, load_preset, preset_path
+    from adapt.errors import ConfigError
 
     found = list_presets()
     if name:
-        if name not in found:
-            raise click.BadParameter(f"no preset {name!r}; available: {', '.join(found)}", param_hint="NAME")
-        click.echo(found[name].read_text())
+        try:
+            path = preset_path(name)
+        except ConfigError as e:
+            raise click.BadParameter(str(e), param_hint="NAME") from None
+        click.echo(path if show_path else path.read_text())
+        return
+    if show_path:
+        click.echo(PRESETS_DIR)
         return
     for key, path in found.items():
         cfg = RunConfig.from_dict(load_preset(str(path)))
