@@ -1,14 +1,14 @@
 """The ``adapt`` command line: a thin click layer over the library.
 
     adapt convert MODEL -o OUT [--preset NAME] [--data PATH ...] [--objective mlm|mntp|clm] [--tuning full|lora|qlora]
-    adapt presets [NAME]            list presets, or show one
+    adapt presets [NAME] [--path]   list presets, or show one (or its file; accelerate/NAME: an Accelerate config)
     adapt probe MODEL               is this model bidirectional?
     adapt export SOURCE -o DIR      write an embedding encoder with another pooling or dtype
     adapt embed ENCODER [TEXT ...]  embed text
     adapt finetune ENCODER --data TRAIN -o DIR / adapt classify DIR --input FILE
     adapt bench MODEL [MODEL ...]   retrieval, classification and similarity, side by side
 
-Several processes: ``accelerate launch --config_file presets/accelerate/ddp.yaml -m adapt convert ...``.
+Several processes: ``accelerate launch --config_file "$(adapt presets --path accelerate/ddp)" -m adapt convert ...``.
 """
 from __future__ import annotations
 
