@@ -1,4 +1,4 @@
 """``python -m adapt`` (and ``accelerate launch -m adapt ...``) runs the CLI."""
-from cli import main
+from adapt.cli import main
 
 main()

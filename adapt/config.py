@@ -17,7 +17,15 @@ import yaml
 
 from adapt.errors import ConfigError
 
-PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
+
+def _presets_dir() -> Path:
+    """adapt/presets/ in an installed wheel (package data); the checkout's top-level presets/ when run
+    from a source tree or an editable install."""
+    here = Path(__file__).resolve().parent
+    return here / "presets" if (here / "presets").is_dir() else here.parent / "presets"
+
+
+PRESETS_DIR = _presets_dir()
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -299,6 +307,20 @@ class RunConfig:
 
 def list_presets() -> dict[str, Path]:
     return {p.stem: p for p in sorted(PRESETS_DIR.glob("*.yaml"))}
+
+
+def accelerate_configs() -> dict[str, Path]:
+    """The Accelerate configs shipped with the presets, by name ``accelerate/NAME`` (for
+    ``accelerate launch --config_file "$(adapt presets --path accelerate/ddp)" -m adapt convert ...``)."""
+    return {f"accelerate/{p.stem}": p for p in sorted((PRESETS_DIR / "accelerate").glob("*.yaml"))}
+
+
+def preset_path(name: str) -> Path:
+    """The file of preset NAME or of Accelerate config ``accelerate/NAME`` (``.yaml`` optional)."""
+    found = {**list_presets(), **accelerate_configs()}
+    name = name.removesuffix(".yaml")
+    _check(name in found, f"no preset {name!r}; available: {', '.join(found)}")
+    return found[name]
 
 
 def load_preset(name_or_path: str) -> dict:

@@ -272,7 +272,7 @@ def test_cli_runs_the_suite_and_the_named_tasks_together(monkeypatch):
     from click.testing import CliRunner
 
     import adapt.bench.runner as runner
-    from cli import main
+    from adapt.cli import main
 
     seen = {}
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cli import main
+from adapt.cli import main
 from tests.tiny import CORPUS
 
 COMMANDS = ["convert", "presets", "probe", "export", "embed", "finetune", "classify", "bench"]
@@ -33,6 +33,11 @@ def test_presets_list_and_show():
     assert result.exit_code == 0 and "llm2vec-mntp" in result.output and "qlora" in result.output
     shown = CliRunner().invoke(main, ["presets", "mlm-40"])
     assert "mask_ratio: 0.4" in shown.output
+    path = CliRunner().invoke(main, ["presets", "--path", "accelerate/ddp"])
+    assert path.exit_code == 0 and Path(path.output.strip()).is_file()
+    assert "distributed_type" in CliRunner().invoke(main, ["presets", "accelerate/ddp"]).output
+    bad = CliRunner().invoke(main, ["presets", "nope"])
+    assert bad.exit_code == 2 and "available:" in bad.output and "accelerate/ddp" in bad.output
 
 
 def test_convert_cli_and_friendly_errors(tiny_model_dir, tmp_path):

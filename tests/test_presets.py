@@ -2,7 +2,7 @@
 import pytest
 import yaml
 
-from adapt.config import RunConfig, build_config, list_presets, load_preset
+from adapt.config import RunConfig, build_config, list_presets, load_preset, preset_path
 from adapt.errors import ConfigError
 
 REQUIRED = {"llm2vec-mntp", "mlm-40", "clm-then-mlm", "mix-50-50", "qlora", "tiny", "demo"}
@@ -52,3 +52,10 @@ def test_bad_settings_are_clear_errors(bad, match):
 def test_unknown_preset():
     with pytest.raises(ConfigError, match="available"):
         load_preset("does-not-exist")
+
+
+def test_preset_path_names_recipes_and_accelerate_configs():
+    assert preset_path("tiny") == preset_path("tiny.yaml") == list_presets()["tiny"]
+    assert preset_path("accelerate/ddp").is_file() and preset_path("accelerate/ddp").parent.name == "accelerate"
+    with pytest.raises(ConfigError, match="accelerate/fsdp"):
+        preset_path("accelerate/nope")

@@ -1,0 +1,278 @@
+"""The ``adapt`` command line: a thin click layer over the library.
+
+    adapt convert MODEL -o OUT [--preset NAME] [--data PATH ...] [--objective mlm|mntp|clm] [--tuning full|lora|qlora]
+    adapt presets [NAME] [--path]   list presets, or show one (or its file; accelerate/NAME: an Accelerate config)
+    adapt probe MODEL               is this model bidirectional?
+    adapt export SOURCE -o DIR      write an embedding encoder with another pooling or dtype
+    adapt embed ENCODER [TEXT ...]  embed text
+    adapt finetune ENCODER --data TRAIN -o DIR / adapt classify DIR --input FILE
+    adapt bench MODEL [MODEL ...]   retrieval, classification and similarity, side by side
+
+Several processes: ``accelerate launch --config_file "$(adapt presets --path accelerate/ddp)" -m adapt convert ...``.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import sys
+
+import click
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _friendly(fn):
+    """Print AdaptError messages (bad input) without a traceback; exit code 2."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from adapt.errors import AdaptError
+
+        try:
+            return fn(*args, **kwargs)
+        except AdaptError as e:
+            click.secho(f"error: {e}", fg="red", err=True)
+            sys.exit(2)
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("-v", "--verbose", is_flag=True, help="Log more.")
+def main(verbose):
+    """adapt: turn any causal decoder LLM into a bidirectional encoder (MLM continued pretraining),
+    export it for sentence-transformers / transformers / mteb, embed text and benchmark it."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+
+@main.command()
+@click.argument("model", required=False)
+@click.option("-o", "--out", required=True, type=click.Path(file_okay=False), help="Output folder (encoder + run/).")
+@click.option("--preset", help="Recipe from presets/ (see `adapt presets`) or a YAML path.")
+@click.option("--data", multiple=True, help="Training text: .txt, .jsonl, .parquet, a folder, hf:NAME, gensim:FILE. Repeatable.")
+@click.option("--objective", help="mlm, mntp or clm (mixtures and phases: in a preset or --set objective.schedule=...).")
+@click.option("--tuning", type=click.Choice(["full", "lora", "qlora"]), help="Full fine-tuning, LoRA or QLoRA.")
+@click.option("--max-steps", type=int, help="Optimizer steps (every stage's, with --stages).")
+@click.option("--stages", help="Chain stages, e.g. mlm,simcse or mntp,contrastive (kinds: mlm, mntp, simcse, "
+              "contrastive); each starts from the one before. Per stage: --set KIND.section.key=value.")
+@click.option("--pairs", type=click.Path(dir_okay=False), help="JSON lines of {query, positive, negatives?} for a "
+              "`contrastive` stage.")
+@click.option("--resume", is_flag=True, help="Continue the run in OUT from its last checkpoint (finished stages are kept).")
+@click.option("--overwrite", is_flag=True, help="Replace whatever OUT holds.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override any setting, e.g. train.lr=1e-4.")
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+@_friendly
+def convert(model, out, preset, data, objective, tuning, max_steps, stages, pairs, resume, overwrite, overrides, quiet):
+    """Convert MODEL (a folder, hub id, .gguf file or py:PACKAGE) into a bidirectional encoder at OUT.
+
+    With --stages (or a preset naming stages, e.g. llm2vec: MNTP then SimCSE) the stages run in turn
+    under OUT/stages/ and the last one's encoder is published at OUT."""
+    from adapt.convert import convert as run
+
+    result = run(model, out, preset=preset, overrides=list(overrides), data=list(data) or None, objective=objective,
+                 tuning=tuning, max_steps=max_steps, stages=stages, pairs=pairs, resume=resume, overwrite=overwrite,
+                 show_progress=not quiet)
+    s = result.summary
+    if not s:  # not the main process
+        return
+    if result.stages:
+        click.echo(f"converted {s['source']} through {len(s['stages'])} stages -> {result.out}")
+        for name in s["stages"]:
+            st = s["per_stage"].get(name) or {}
+            evals = ", ".join(f"{k} {v:.4f}" for k, v in sorted((st.get("final_eval") or {}).items()))
+            click.echo(f"  {name}: {st.get('steps')} steps{', ' + evals if evals else ''}")
+    else:
+        click.echo(f"converted {s['source']} ({s['model_type']}) -> {result.out}")
+        click.echo(f"  steps {s['steps']}, tokens {s['tokens']:,}, {s['train_seconds']} s training, {s['wall_seconds']} s in all")
+        for k, v in sorted(s["final_eval"].items()):
+            click.echo(f"  {k} = {v:.4f}")
+        if s.get("loss_plot"):
+            click.echo(f"  loss curve: {result.out / s['loss_plot']}")
+    click.echo(f"  probe after reload: first-token change {s['probe_after']['unpadded']:.3g} (bidirectional)")
+
+
+@main.command()
+@click.argument("name", required=False)
+@click.option("--path", "show_path", is_flag=True, help="Print the file's path instead of its text (no NAME: the "
+              "presets folder). NAME may also be an Accelerate config, e.g. accelerate/ddp, for "
+              "`accelerate launch --config_file`.")
+def presets(name, show_path):
+    """List the presets, or print preset NAME.
+
+    Presets are YAML recipes under presets/ with the sections model, data, objective, tuning, train
+    and export; use one with `adapt convert --preset NAME` and override any value with --set."""
+    from adapt.config import PRESETS_DIR, RunConfig, list_presets, load_preset, preset_path
+    from adapt.errors import ConfigError
+
+    found = list_presets()
+    if name:
+        try:
+            path = preset_path(name)
+        except ConfigError as e:
+            raise click.BadParameter(str(e), param_hint="NAME") from None
+        click.echo(path if show_path else path.read_text())
+        return
+    if show_path:
+        click.echo(PRESETS_DIR)
+        return
+    for key, path in found.items():
+        cfg = RunConfig.from_dict(load_preset(str(path)))
+        click.echo(f"{key:<18} {cfg.description.strip().splitlines()[0] if cfg.description else ''}")
+
+
+@main.command()
+@click.argument("model")
+@click.option("--bidirectional/--as-is", default=True, help="Make it bidirectional first (default), or probe as saved.")
+@_friendly
+def probe(model, bidirectional):
+    """Probe MODEL: does changing the last token change the first token's hidden state?"""
+    from adapt.bidirectional import probe as run_probe
+    from adapt.config import ModelConfig
+    from adapt.loading import load_decoder
+
+    m, _ = load_decoder(ModelConfig(source=model), bidirectional=bidirectional)
+    report = run_probe(m)
+    click.echo(json.dumps(report.to_dict(), indent=2))
+    sys.exit(0 if report.bidirectional else 1)
+
+
+def _prompts(items):
+    out = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"expected NAME=TEXT, got {item!r}", param_hint="--prompt")
+        out[name] = text
+    return out or None
+
+
+@main.command()
+@click.argument("source", type=click.Path(exists=True, file_okay=False))
+@click.option("-o", "--out", required=True, type=click.Path(file_okay=False), help="Folder to write the encoder to.")
+@click.option("--pooling", type=click.Choice(["mean", "weightedmean", "lasttoken", "cls"]), help="Pooling (default: as SOURCE).")
+@click.option("--normalize/--no-normalize", default=None, help="L2-normalize embeddings.")
+@click.option("--max-seq-length", type=int, help="Encoder max sequence length.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="Saved dtype.")
+@click.option("--prompt", "prompts", multiple=True, metavar="NAME=TEXT", help="Named prompt, e.g. query='query: '.")
+@_friendly
+def export(source, out, pooling, normalize, max_seq_length, dtype, prompts):
+    """Write an embedding encoder from SOURCE: a converted run or an encoder, or a training checkpoint
+    (OUT/run/checkpoints/step-N; OUT/run/checkpoints for the newest), rebuilt from the run's config."""
+    from adapt.rebuild import export_from_path
+
+    path = export_from_path(source, out, pooling=pooling, normalize=normalize, max_seq_length=max_seq_length,
+                            prompts=_prompts(prompts), dtype=dtype)
+    click.echo(f"exported {source} -> {path} (probe: bidirectional)")
+
+
+@main.command()
+@click.argument("encoder")
+@click.argument("texts", nargs=-1)
+@click.option("-i", "--input", "input_path", type=click.Path(dir_okay=False), help="Texts: .txt (a line each), .jsonl, .csv, .parquet; - for stdin.")
+@click.option("-o", "--output", "output_path", type=click.Path(dir_okay=False), help="Vectors: .npy, .parquet or .jsonl (default: jsonl on stdout).")
+@click.option("--field", default="text", show_default=True, help="Field/column of the text in jsonl, csv and parquet.")
+@click.option("--prompt", "prompt_name", help="Prompt name stored in the encoder (e.g. query).")
+@click.option("--batch-size", type=int, default=32, show_default=True)
+@click.option("--max-length", type=int, help="Truncate texts to this many tokens (counted in a warning).")
+@click.option("--normalize/--no-normalize", default=None, help="L2-normalize (default: as the encoder says).")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto", show_default=True)
+@click.option("--device", help="cpu, cuda, cuda:1, mps (default: best available).")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+@_friendly
+def embed(encoder, texts, input_path, output_path, field, prompt_name, batch_size, max_length, normalize, dtype, device, quiet):
+    """Embed TEXT arguments, a file, or stdin with ENCODER; vectors come out in input order.
+
+    An empty text is embedded as the tokenizer's empty input (its special tokens, or EOS when it
+    has none) and counted in a warning; it is never dropped, so output rows match input rows."""
+    from adapt.embed_io import embed as run
+
+    if not texts and input_path is None and not sys.stdin.isatty():
+        input_path = "-"
+    if not texts and input_path is None:
+        raise click.UsageError("give TEXT arguments, --input FILE, or pipe texts on stdin")
+    summary = run(encoder, texts=list(texts) or None, input_path=input_path, output_path=output_path, field=field,
+                  prompt_name=prompt_name, batch_size=batch_size, max_length=max_length, normalize=normalize,
+                  dtype=dtype, device=device, show_progress=not quiet)
+    if output_path:
+        click.echo(f"embedded {summary.n} texts -> {summary.output} ({summary.dim} dims, {summary.seconds:.1f} s)", err=True)
+
+
+@main.command()
+@click.argument("encoder")
+@click.option("--data", "train_path", required=True, type=click.Path(exists=True, dir_okay=False), help="Labeled training text (.jsonl, .csv, .parquet).")
+@click.option("--eval", "eval_path", type=click.Path(exists=True, dir_okay=False), help="Dev split for early stopping (default: 20% of --data).")
+@click.option("-o", "--out", required=True, type=click.Path(file_okay=False))
+@click.option("--text-field", default="text", show_default=True)
+@click.option("--label-field", default="label", show_default=True)
+@click.option("--tuning", type=click.Choice(["full", "lora"]), default="full", show_default=True)
+@click.option("--epochs", type=int, default=3, show_default=True)
+@click.option("--lr", type=float)
+@click.option("--batch-size", type=int, default=16, show_default=True)
+@click.option("--max-length", type=int, default=256, show_default=True)
+@click.option("--patience", type=int, default=2, show_default=True, help="Epochs without dev improvement before stopping.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--quiet", is_flag=True)
+@_friendly
+def finetune(encoder, train_path, eval_path, out, text_field, label_field, tuning, epochs, lr, batch_size, max_length, patience, seed, quiet):
+    """Fine-tune ENCODER into a sequence classifier that plain transformers loads (pipeline, AutoModel...)."""
+    from adapt.finetune import finetune as run
+
+    metrics = run(encoder, train_path, out, eval_path=eval_path, text_field=text_field, label_field=label_field,
+                  tuning=tuning, epochs=epochs, lr=lr, batch_size=batch_size, max_length=max_length,
+                  patience=patience, seed=seed, show_progress=not quiet)
+    click.echo(json.dumps(metrics, indent=2, default=str))
+
+
+@main.command()
+@click.argument("model_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("texts", nargs=-1)
+@click.option("-i", "--input", "input_path", type=click.Path(dir_okay=False), help=".txt, .jsonl, .csv or .parquet.")
+@click.option("-o", "--output", "output_path", type=click.Path(dir_okay=False), help="Write labels and probabilities as .jsonl.")
+@click.option("--field", default="text", show_default=True)
+@click.option("--batch-size", type=int, default=32, show_default=True)
+@_friendly
+def classify(model_dir, texts, input_path, output_path, field, batch_size):
+    """Label TEXT arguments or a file with a classifier made by `adapt finetune`."""
+    from adapt.finetune import classify as run
+
+    if not texts and input_path is None:
+        raise click.UsageError("give TEXT arguments or --input FILE")
+    rows = run(model_dir, input_path=input_path, texts=list(texts) or None, output_path=output_path, field=field,
+               batch_size=batch_size)
+    if not output_path:
+        for row in rows:
+            click.echo(json.dumps(row))
+
+
+@main.command()
+@click.argument("models", nargs=-1, required=True)
+@click.option("--suite", help="Task suite: quick (offline, real text) or mteb-lite (needs a network).")
+@click.option("--task", "tasks", multiple=True, help="A task name, or a task folder (BEIR retrieval, train/test jsonl, pairs.jsonl). Repeatable.")
+@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), default="bench-results", show_default=True)
+@click.option("--baselines", is_flag=True, help="Also score each converted model's source decoder: causal (mean, last token) and bidirectional untrained.")
+@click.option("--source", help="Source decoder for --baselines (default: read from MODEL/run/config.yaml).")
+@click.option("--batch-size", type=int, default=32, show_default=True)
+@click.option("--max-length", type=int, default=256, show_default=True)
+@click.option("--limit", type=int, help="At most this many examples per task (quick looks).")
+@click.option("--no-cache", is_flag=True, help="Re-encode even when cached embeddings exist.")
+@click.option("--no-card", is_flag=True, help="Do not write the scores into the model cards of adapt encoders.")
+@click.option("--quiet", is_flag=True)
+@_friendly
+def bench(models, suite, tasks, out_dir, baselines, source, batch_size, max_length, limit, no_cache, no_card, quiet):
+    """Benchmark MODELS (encoders, converted runs, raw decoders as PATH@pooling=last,bidirectional=false,
+    sentence-transformers models) on retrieval, classification and similarity, side by side."""
+    from adapt.bench.runner import run_bench, task_refs
+
+    if suite is None and not tasks:
+        suite = "quick"
+    tasks = list(tasks)
+    if suite and tasks:  # both: the suite's tasks, then the named ones
+        tasks = [t for t in task_refs(suite, None) if t not in tasks] + tasks
+    report = run_bench(list(models), suite=suite, tasks=tasks or None, out_dir=out_dir, baselines=baselines,
+                       source=source, batch_size=batch_size, max_length=max_length, limit=limit,
+                       show_progress=not quiet, use_cache=not no_cache, update_cards=not no_card)
+    click.echo(report.markdown)
+
+
+if __name__ == "__main__":
+    main()
