@@ -8,13 +8,13 @@ checked in ``__post_init__`` so a bad preset fails before any model is loaded.
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from adapt.coerce import coerce
 from adapt.errors import ConfigError
 
 
@@ -284,9 +284,10 @@ class RunConfig:
         for name, klass in SECTIONS.items():
             values = raw.get(name) or {}
             _check(isinstance(values, dict), f"config section {name!r} must be a mapping")
-            known = {f.name for f in fields(klass)}
-            bad = set(values) - known
-            _check(not bad, f"unknown key(s) {sorted(bad)} in section {name!r}; known: {sorted(known)}")
+            types = {f.name: f.type for f in fields(klass)}
+            bad = set(values) - set(types)
+            _check(not bad, f"unknown key(s) {sorted(bad)} in section {name!r}; known: {sorted(types)}")
+            values = {k: coerce(f"{name}.{k}", types[k], v, from_text=False) for k, v in values.items()}
             try:
                 parts[name] = klass(**values)
             except TypeError as e:
@@ -339,26 +340,21 @@ def load_preset(name_or_path: str) -> dict:
     return raw
 
 
-_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
-
-
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
-    """Apply ``section.key=value`` overrides (value parsed as YAML) to a raw config dict."""
+    """Apply ``section.key=value`` overrides to a raw config dict, each value read as its field's type
+    (:mod:`adapt.coerce`: ``no`` stays text for a text field, ``1e-4`` is a number, ``null`` empties an
+    optional field)."""
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in (raw or {}).items()}
     for item in overrides:
         key, sep, value = item.partition("=")
         _check(bool(sep) and "." in key, f"--set expects section.key=value, got {item!r}")
         section, _, name = key.partition(".")
         _check(section in SECTIONS, f"--set {item!r}: unknown section {section!r}; known: {sorted(SECTIONS)}")
-        try:
-            parsed = yaml.safe_load(value) if value != "" else ""
-        except yaml.YAMLError:
-            parsed = value
-        if isinstance(parsed, str) and _FLOAT.fullmatch(parsed):
-            parsed = float(parsed)  # YAML 1.1 reads 1e-4 (no dot) as a string
+        types = {f.name: f.type for f in fields(SECTIONS[section])}
+        _check(name in types, f"--set {item!r}: unknown key {name!r} in section {section!r}; known: {sorted(types)}")
         raw.setdefault(section, {})
         raw[section] = dict(raw[section] or {})
-        raw[section][name] = parsed
+        raw[section][name] = coerce(key, types[name], value, from_text=True)
     return raw
 
 

