@@ -157,11 +157,6 @@ def token_store(tokenizer, seq_len: int, cache: Path, text: str | None = None):
                              seq_len=seq_len, eval_fraction=0.0, show_progress=False)
 
 
-def packed_blocks(tokenizer, seq_len: int, cache: Path, text: str | None = None) -> np.ndarray:
-    """The (N, seq_len) blocks of :func:`token_store`."""
-    return np.asarray(token_store(tokenizer, seq_len, cache, text).train)
-
-
 @dataclasses.dataclass
 class Shape:
     """What the FLOP count needs: layers, widths, vocabulary, and the parameters of the decoder body."""

@@ -307,7 +307,9 @@ def test_benchmark_packs_a_given_text_file(tmp_path, tokenizer):
     text = tmp_path / "corpus.txt"
     lines = [f"document number {i} talks about encoders made from decoders." for i in range(40)]
     text.write_text("\n".join(lines) + "\n")
-    blocks = bench.packed_blocks(tokenizer, 16, tmp_path / "cache", str(text))
+    store = bench.token_store(tokenizer, 16, tmp_path / "cache", str(text))
+    blocks = np.asarray(store.train)
+    assert len(store.eval) == 0 and store.seq_len == 16  # everything trains
     assert blocks.ndim == 2 and blocks.shape[1] == 16 and blocks.shape[0] >= 10
     decoded = tokenizer.decode(blocks.reshape(-1).tolist())
     assert "document number 7 talks about encoders" in decoded and "document number 39" in decoded
