@@ -364,9 +364,10 @@ class AdaptRunner(Runner):
             trainer.step += 1
             sync(self.device)
             out.append((time.perf_counter() - start, time.process_time() - cpu))
-            if not self._seen or self._autocast != {self.amp}:
+            # Accelerate's optimizer skips its step unless gradients were synced (its state is process-wide)
+            if not self._seen or self._autocast != {self.amp} or not trainer.accelerator.sync_gradients:
                 raise RuntimeError(f"{self.name}: forward seen {len(self._seen)} times, autocast {sorted(self._autocast)}"
-                                   f" (expected {self.amp})")
+                                   f" (expected {self.amp}), gradients synced: {trainer.accelerator.sync_gradients}")
             self.data_seconds.append(self._seen[0][0] - start)
             n_labels = sum(int((labels != IGNORE_INDEX).sum()) for _, labels in self._seen)
             if not self.labels_per_step:
