@@ -10,6 +10,7 @@ exactly as the uninterrupted run would have.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -61,13 +62,25 @@ def build_optimizer(model, train: TrainConfig) -> torch.optim.Optimizer:
         return torch.optim.AdamW(groups, lr=train.lr)
 
 
-def build_scheduler(optimizer, train: TrainConfig):
-    """Warmup then cosine, linear or constant decay over ``train.max_steps`` optimizer steps."""
-    from transformers import get_scheduler
+def lr_factor(step: int, *, kind: str, warmup: int, total: int) -> float:
+    """The learning-rate multiplier at ``step``: linear warmup over ``warmup`` steps, then cosine (to 0),
+    linear (to 0) or constant, as transformers' ``get_scheduler`` defines them."""
+    if step < warmup:
+        return step / max(1, warmup)
+    if kind == "constant":
+        return 1.0
+    progress = (step - warmup) / max(1, total - warmup)
+    if kind == "linear":
+        return max(0.0, 1.0 - progress)
+    return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
 
-    name = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}[train.scheduler]
-    return get_scheduler(name, optimizer, num_warmup_steps=int(train.warmup_ratio * train.max_steps),
-                         num_training_steps=train.max_steps)
+
+def build_scheduler(optimizer, train: TrainConfig):
+    """Warmup then cosine, linear or constant decay over ``train.max_steps`` optimizer steps (a torch
+    ``LambdaLR``: importing transformers' schedules would import peft, and with it bitsandbytes)."""
+    warmup = int(train.warmup_ratio * train.max_steps)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(
+        lr_factor, kind=train.scheduler, warmup=warmup, total=train.max_steps))
 
 
 class Trainer:

@@ -402,3 +402,27 @@ def test_masked_eval_shards_rows_over_processes_and_sums_to_the_single_process_f
         assert float(total[0, 1]) == float(alone.gathered[i][0, 1])  # ... each on its share of the labels
         assert float(total[0, 0] / total[0, 1]) == pytest.approx(single[f"eval/{name}_loss"], rel=1e-5)
         assert float(total[0, 2] / total[0, 1]) == pytest.approx(single[f"eval/{name}_acc"], rel=1e-6)
+
+
+@pytest.mark.parametrize("kind, name", [("cosine", "cosine"), ("linear", "linear"),
+                                        ("constant", "constant_with_warmup")])
+def test_lr_schedules_equal_transformers_schedules(kind, name):
+    from transformers import get_scheduler
+
+    from adapt.config import TrainConfig
+    from adapt.train import build_scheduler
+
+    def lrs(make):
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+        sched = make(opt)
+        out = []
+        for _ in range(20):
+            out.append(sched.get_last_lr()[0])
+            opt.step()
+            sched.step()
+        return out
+
+    train = TrainConfig(max_steps=20, warmup_ratio=0.2, scheduler=kind)
+    ours = lrs(lambda opt: build_scheduler(opt, train))
+    theirs = lrs(lambda opt: get_scheduler(name, opt, num_warmup_steps=4, num_training_steps=20))
+    assert ours == pytest.approx(theirs, abs=1e-12)
