@@ -1,5 +1,14 @@
 """Fine-tune an encoder into a text classifier (``adapt finetune``) and classify with it (``adapt classify``).
 
+Fine-tuning reuses the library's pieces: the model comes from
+:func:`adapt.loading.load_sequence_classifier` (an exported encoder's Transformer folder or a model
+folder), full or LoRA tuning from :func:`adapt.tuning.apply_tuning` (the new ``score`` head trained in
+full) and :func:`adapt.tuning.merged_model`, and the training from the one loop,
+:class:`adapt.train.Trainer`, running :class:`adapt.objectives.classification.Classification`. An
+epoch is ``steps_per_epoch`` optimizer steps; the loop evaluates and logs once an epoch, stops early on
+dev macro-F1 (``train.best_metric`` / ``patience``) and restores the best epoch's weights. The loop's
+log stays in the saved folder, ``OUT/run/metrics.jsonl``.
+
 The saved folder is a plain ``*ForSequenceClassification`` model with ``"is_causal": false`` and the
 label names in ``config.id2label``: ``transformers.pipeline("text-classification", model=DIR)`` and
 ``AutoModelForSequenceClassification.from_pretrained(DIR)`` load it with no custom code. Those classes
@@ -18,6 +27,8 @@ pang_lee_polarity (200 movie-review sentences, balanced), SmolLM2-135M made bidi
   last: dev 0.633, test 0.62 (22 min on the shared 2-core CPU); mean: dev 0.633 with the mean head,
   0.567 after the last-token refit, test 0.66 (37 min). 50 test sentences give +-0.07: no difference
   is measurable; one seed only, because each run took over 20 minutes on this machine.
+  These runs used the previous hand-written epoch loop (batches shuffled with seed + epoch, weight
+  decay on every parameter); they were not re-measured with the library loop.
 
 So last-token pooling is the default: it works with every standard class, and nothing measured
 favours mean pooling enough to justify custom code or a head refit.
@@ -26,19 +37,27 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from adapt.arch import facts_for, preferred_attention
-from adapt.bidirectional import assert_bidirectional, prepare_config
+from adapt.arch import preferred_attention
+from adapt.bidirectional import assert_bidirectional
+from adapt.config import TrainConfig, TuningConfig
 from adapt.embed_io import read_texts
 from adapt.errors import ConfigError, DataError, ModelLoadError, OutputExistsError
 from adapt.export import pin_attention, read_st_settings
-from adapt.io_utils import atomic_path
+from adapt.io_utils import atomic_path, read_jsonl
+from adapt.layout import CHECKPOINTS, RUN
+from adapt.loading import load_sequence_classifier
+from adapt.objectives.classification import POOLINGS, Classification, ClassifierModule, pad_batch, score_layer
 from adapt.readers import file_format, iter_lines, iter_records
+from adapt.train import Trainer, build_accelerator
+from adapt.tuning import apply_tuning, merged_model
 
 MARKER = "adapt_classifier.json"
 
@@ -81,81 +100,27 @@ def _split(texts, labels, fraction: float, seed: int):
     return train, dev
 
 
-def _load_classifier_base(source, num_labels, id2label):
-    """A sequence-classification model on ``source``'s backbone, bidirectional, with its tokenizer."""
-    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
-    from transformers.utils import logging as hf_logging
+def _tokenize(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
+    """Token ids of ``texts``; an empty text becomes a lone EOS token, as in adapt.encoder."""
+    filler = [tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.pad_token_id]
+    return [row or filler for row in tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]]
 
+
+def _base_model_dir(source) -> str:
+    """The model folder of ``source``: an exported encoder's Transformer module, else ``source`` itself."""
     path = Path(source)
     st = read_st_settings(path) if path.is_dir() else None
-    model_dir = str(st["transformer_path"]) if st and st["transformer_path"] else str(source)
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # the new head is expected to be freshly initialised
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
-        tokenizer.padding_side = "right"
-        config = AutoConfig.from_pretrained(model_dir, num_labels=num_labels, id2label=id2label,
-                                            label2id={v: k for k, v in id2label.items()})
-        config.pad_token_id = tokenizer.pad_token_id
-        prepare_config(config)
-        model = AutoModelForSequenceClassification.from_pretrained(
-            model_dir, config=config, attn_implementation=preferred_attention(config), dtype=torch.float32)
-    except Exception as err:  # noqa: BLE001
-        raise ModelLoadError(f"cannot load a classifier base from {source}: {type(err).__name__}: {err}") from err
-    finally:
-        hf_logging.set_verbosity(verbosity)
-    return model, tokenizer
+    return str(st["transformer_path"]) if st and st["transformer_path"] else str(source)
 
 
-def _batches(ids, labels, batch_size, pad_id, shuffle_seed=None):
-    order = list(range(len(ids)))
-    if shuffle_seed is not None:
-        random.Random(shuffle_seed).shuffle(order)
-    for start in range(0, len(order), batch_size):
-        rows = order[start:start + batch_size]
-        width = max(len(ids[i]) for i in rows)
-        x = torch.full((len(rows), width), pad_id, dtype=torch.long)
-        m = torch.zeros((len(rows), width), dtype=torch.long)
-        for j, i in enumerate(rows):
-            x[j, :len(ids[i])], m[j, :len(ids[i])] = torch.tensor(ids[i]), 1
-        yield rows, x, m, torch.tensor([labels[i] for i in rows]) if labels is not None else None
-
-
-def _logits(model, x, m, pooling):
-    """Class logits: the standard class's last-token head, or mean pooling through the same ``score``."""
-    if pooling == "last":
-        return model(input_ids=x, attention_mask=m).logits
-    inner = _unwrap(model)
-    hidden = inner.base_model(input_ids=x, attention_mask=m).last_hidden_state  # (B, T, H)
-    mean = (hidden * m.unsqueeze(-1)).sum(1) / m.sum(1, keepdim=True).clamp(min=1)
-    return _score_layer(inner)(mean)
-
-
-def _unwrap(model):
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
-def _score_layer(model):
-    """The decoder classification head (under LoRA, peft's wrapper that runs the trainable copy)."""
-    score = getattr(_unwrap(model), "score", None)
-    if score is None:
-        raise ConfigError(f"mean pooling needs a decoder classification head ('score'); "
-                          f"{type(model).__name__} has none: use pooling='last'")
-    return score
-
-
-@torch.no_grad()
-def _evaluate(model, ids, labels, pooling, pad_id, batch_size=64):
-    from sklearn.metrics import accuracy_score, f1_score
-
-    model.eval()
-    preds = np.zeros(len(ids), dtype=np.int64)
-    for rows, x, m, _ in _batches(ids, None, batch_size, pad_id):
-        preds[rows] = _logits(model, x, m, pooling).argmax(-1).numpy()
-    return {"accuracy": float(accuracy_score(labels, preds)),
-            "macro_f1": float(f1_score(labels, preds, average="macro", zero_division=0))}
+def _history(metrics_path: Path, steps_per_epoch: int) -> list[dict]:
+    """Per-epoch train loss and dev figures from the loop's log (logged and evaluated once an epoch)."""
+    by_step: dict[int, dict] = {}
+    for record in read_jsonl(metrics_path):
+        by_step.setdefault(record["step"], {}).update(record)
+    return [{"epoch": step // steps_per_epoch, "train_loss": r["loss"], "accuracy": r["eval/accuracy"],
+             "macro_f1": r["eval/macro_f1"]}
+            for step, r in sorted(by_step.items()) if "loss" in r and "eval/accuracy" in r]
 
 
 @torch.no_grad()
@@ -165,13 +130,14 @@ def _refit_last_token_head(model, ids, labels, pad_id, seed):
 
     model.eval()
     feats = np.zeros((len(ids), model.config.hidden_size), dtype=np.float32)
-    for rows, x, m, _ in _batches(ids, None, 64, pad_id):
-        hidden = model.base_model(input_ids=x, attention_mask=m).last_hidden_state
-        feats[rows] = hidden[torch.arange(len(rows)), m.sum(1) - 1].float().numpy()
+    for start in range(0, len(ids), 64):
+        x, m = pad_batch(ids[start:start + 64], pad_id)
+        hidden = model.base_model(input_ids=x.to(model.device), attention_mask=m.to(model.device)).last_hidden_state
+        feats[start:start + len(x)] = hidden[torch.arange(len(x)), m.sum(1) - 1].float().cpu().numpy()
     clf = LogisticRegression(fit_intercept=False, max_iter=2000, random_state=seed).fit(feats, labels)
     coef = clf.coef_ if clf.coef_.shape[0] > 1 else np.concatenate([-clf.coef_, clf.coef_]) / 2
-    score = _score_layer(model)
-    score.weight.copy_(torch.as_tensor(coef, dtype=score.weight.dtype))
+    score = score_layer(model)
+    score.weight.copy_(torch.as_tensor(coef, dtype=score.weight.dtype, device=score.weight.device))
 
 
 def finetune(encoder_source, train_path, out_dir, *, eval_path=None, text_field: str = "text",
@@ -180,13 +146,19 @@ def finetune(encoder_source, train_path, out_dir, *, eval_path=None, text_field:
              seed: int = 0, dev_fraction: float = 0.2, lora_r: int = 16, show_progress: bool = True) -> dict:
     """Fine-tune ``encoder_source`` on labeled text and save a standard classifier to ``out_dir``.
 
-    Early stopping on the dev split (``eval_path``, else ``dev_fraction`` of train, stratified) by macro-F1.
-    ``lr`` defaults to 2e-5 (full) or 2e-4 (LoRA). Returns the metrics (also in ``out_dir/adapt_classifier.json``).
+    Early stopping on the dev split (``eval_path``, else ``dev_fraction`` of train, stratified) by macro-F1:
+    training stops after ``patience`` epochs without a better one (at least one), and the best epoch's
+    weights are saved. ``lr`` defaults to 2e-5 (full) or 2e-4 (LoRA), constant, no warmup. Returns the
+    metrics (also in ``out_dir/adapt_classifier.json``); the loop's log is ``out_dir/run/metrics.jsonl``.
     """
+    from accelerate.utils import set_seed
+
     if tuning not in ("full", "lora"):
         raise ConfigError(f"tuning must be 'full' or 'lora', not {tuning!r}")
-    if pooling not in ("last", "mean"):
+    if pooling not in POOLINGS:
         raise ConfigError(f"pooling must be 'last' or 'mean', not {pooling!r}")
+    if epochs < 1 or batch_size < 1:
+        raise ConfigError(f"epochs and batch_size must be at least 1, not {epochs} and {batch_size}")
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / MARKER).exists():
         raise OutputExistsError(f"{out_dir} exists and is not an adapt classifier; choose another folder")
@@ -194,71 +166,66 @@ def finetune(encoder_source, train_path, out_dir, *, eval_path=None, text_field:
     texts, names = read_labeled(train_path, text_field, label_field)
     if eval_path is not None:
         dev_texts, dev_names = read_labeled(eval_path, text_field, label_field)
-        train_idx, dev_idx = list(range(len(texts))), []
+        train_idx = list(range(len(texts)))
     else:
         train_idx, dev_idx = _split(texts, names, dev_fraction, seed)
         dev_texts, dev_names = [texts[i] for i in dev_idx], [names[i] for i in dev_idx]
     label_names = sorted(set(names) | set(dev_names))
     if len(label_names) < 2:
         raise DataError(f"{train_path}: needs at least two labels, found {label_names}")
-    id2label = dict(enumerate(label_names))
-    label2id = {v: k for k, v in id2label.items()}
-    torch.manual_seed(seed)
-    model, tokenizer = _load_classifier_base(encoder_source, len(label_names), id2label)
-    if tuning == "lora":
-        from peft import LoraConfig, get_peft_model
-        model = get_peft_model(model, LoraConfig(task_type="SEQ_CLS", r=lora_r, lora_alpha=2 * lora_r,
-                                                 target_modules=facts_for(model.config).lora_targets))
-    filler = [tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.pad_token_id]
+    label2id = {name: i for i, name in enumerate(label_names)}
 
-    def tok(xs):  # an empty text becomes a lone EOS token, as in adapt.encoder
-        return [row or filler for row in tokenizer(xs, truncation=True, max_length=max_length)["input_ids"]]
-    train_ids = tok([texts[i] for i in train_idx])
+    # The loop's run folder: next to the output while training, moved into it with the saved model.
+    staging = out_dir.with_name(f".{out_dir.name}.{RUN}")
+    base = TrainConfig(batch_size=batch_size, lr=lr or (2e-5 if tuning == "full" else 2e-4), weight_decay=0.01,
+                       warmup_ratio=0.0, scheduler="constant", max_grad_norm=0.0, save_every=0, keep_checkpoints=1,
+                       seed=seed, best_metric="eval/macro_f1", patience=max(patience, 1))
+    acc = build_accelerator(base, staging)
+    if acc.is_main_process:
+        shutil.rmtree(staging, ignore_errors=True)
+    acc.wait_for_everyone()
+    set_seed(seed)  # the new head's initialisation
+    model, tokenizer = load_sequence_classifier(_base_model_dir(encoder_source), label_names)
+    train_ids = _tokenize(tokenizer, [texts[i] for i in train_idx], max_length)
     train_y = [label2id[names[i]] for i in train_idx]
-    dev_ids, dev_y = tok(dev_texts), [label2id[n] for n in dev_names]
-    pad_id = tokenizer.pad_token_id
-    optim = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
-                              lr=lr or (2e-5 if tuning == "full" else 2e-4), weight_decay=0.01)
-    best, best_state, history, bad_epochs = None, None, [], 0
-    for epoch in range(1, epochs + 1):
-        model.train()
-        losses = []
-        for _, x, m, y in _batches(train_ids, train_y, batch_size, pad_id, shuffle_seed=seed + epoch):
-            loss = torch.nn.functional.cross_entropy(_logits(model, x, m, pooling), y)
-            optim.zero_grad()
-            loss.backward()
-            optim.step()
-            losses.append(loss.item())
-        dev = _evaluate(model, dev_ids, dev_y, pooling, pad_id) if dev_ids else {"accuracy": 0.0, "macro_f1": 0.0}
-        history.append({"epoch": epoch, "train_loss": float(np.mean(losses)), **dev})
-        if show_progress:
-            print(f"epoch {epoch}: loss {history[-1]['train_loss']:.4f}, dev accuracy {dev['accuracy']:.3f}, "
-                  f"macro-F1 {dev['macro_f1']:.3f}")
-        if best is None or dev["macro_f1"] > best["macro_f1"]:
-            best, bad_epochs = {**dev, "epoch": epoch}, 0
-            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        else:
-            bad_epochs += 1
-            if bad_epochs >= patience:
-                break
-    model.load_state_dict(best_state)
-    if tuning == "lora":
-        model = model.merge_and_unload()
+    dev_ids = _tokenize(tokenizer, dev_texts, max_length) if dev_texts else []
+    dev_y = [label2id[n] for n in dev_names]
+    objective = Classification((train_ids, train_y), (dev_ids, dev_y), num_labels=len(label_names),
+                               pad_id=tokenizer.pad_token_id, batch_size=batch_size, seed=seed, pooling=pooling)
+    tuning_cfg = TuningConfig(method=tuning, lora_r=lora_r, lora_alpha=2 * lora_r, lora_dropout=0.0)
+    model = apply_tuning(model, tuning_cfg, modules_to_save=["score"])
+    per_epoch = objective.steps_per_epoch(acc.num_processes)
+    train = replace(base, max_steps=epochs * per_epoch, eval_every=per_epoch, log_every=per_epoch)
+    trainer = Trainer(model, objective, train=train, run_dir=staging, accelerator=acc, show_progress=show_progress)
+    result = trainer.fit()  # ends with the best epoch's weights in place
+    model = merged_model(acc.unwrap_model(trainer.module).model, tuning_cfg)
+    if acc.is_main_process:
+        shutil.rmtree(staging / CHECKPOINTS, ignore_errors=True)  # resume points of a run that is over
+    history = _history(result.metrics_path, per_epoch)
+    if show_progress and acc.is_main_process:
+        for h in history:
+            print(f"epoch {h['epoch']}: loss {h['train_loss']:.4f}, dev accuracy {h['accuracy']:.3f}, "
+                  f"macro-F1 {h['macro_f1']:.3f}")
+    best = next(h for h in history if h["epoch"] == trainer.best["step"] // per_epoch)
     metrics = {"pooling": pooling, "tuning": tuning, "labels": label_names, "train_size": len(train_ids),
-               "dev_size": len(dev_ids), "best_epoch": best["epoch"], "epochs_run": len(history),
+               "dev_size": len(dev_ids), "best_epoch": best["epoch"], "epochs_run": result.step // per_epoch,
                "dev_accuracy": best["accuracy"], "dev_macro_f1": best["macro_f1"], "history": history}
     if pooling == "mean":  # the standard class pools the last token: refit its head on those states
-        _refit_last_token_head(model, train_ids, train_y, pad_id, seed)
+        _refit_last_token_head(model, train_ids, train_y, tokenizer.pad_token_id, seed)
         metrics["dev_mean_pooled"] = {"accuracy": best["accuracy"], "macro_f1": best["macro_f1"]}
-    final = _evaluate(model, dev_ids, dev_y, "last", pad_id) if dev_ids else best
-    metrics.update(accuracy=final["accuracy"], macro_f1=final["macro_f1"], source=str(encoder_source),
+    final = objective.evaluate(ClassifierModule(model, "last"), acc) if dev_ids else {
+        "eval/accuracy": best["accuracy"], "eval/macro_f1": best["macro_f1"]}
+    metrics.update(accuracy=final["eval/accuracy"], macro_f1=final["eval/macro_f1"], source=str(encoder_source),
                    seconds=round(time.perf_counter() - t0, 1))
-    _save_classifier(model, tokenizer, out_dir, metrics)
+    if acc.is_main_process:
+        _save_classifier(model.cpu(), tokenizer, out_dir, metrics, staging)
+    acc.wait_for_everyone()
     return metrics
 
 
-def _save_classifier(model, tokenizer, out_dir: Path, metrics: dict) -> None:
-    """Save, reload with plain transformers, prove it bidirectional, then move into place atomically."""
+def _save_classifier(model, tokenizer, out_dir: Path, metrics: dict, run_folder: Path) -> None:
+    """Save, reload with plain transformers, prove it bidirectional, then move into place atomically
+    with the training run's folder (``run/``) inside."""
     from transformers import AutoModelForSequenceClassification
 
     with atomic_path(out_dir) as tmp:
@@ -269,6 +236,7 @@ def _save_classifier(model, tokenizer, out_dir: Path, metrics: dict) -> None:
         reloaded = AutoModelForSequenceClassification.from_pretrained(tmp)  # as a user loads it: no arguments
         metrics["probe"] = assert_bidirectional(reloaded, where=f"classifier {out_dir}").to_dict()
         (tmp / MARKER).write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+        shutil.move(str(run_folder), str(tmp / RUN))
 
 
 def classify(model_dir, input_path=None, texts=None, output_path=None, *, field: str = "text",
@@ -297,7 +265,7 @@ def classify(model_dir, input_path=None, texts=None, output_path=None, *, field:
     with torch.inference_mode():
         for start in range(0, len(order), batch_size):
             rows = order[start:start + batch_size]
-            _, x, m, _ = next(_batches([ids[i] for i in rows], None, len(rows), pad_id))
+            x, m = pad_batch([ids[i] for i in rows], pad_id)
             logits = model(input_ids=x.to(model.device), attention_mask=m.to(model.device)).logits
             probs[rows] = logits.float().softmax(-1).cpu().numpy()
     labels = [config.id2label[i] for i in range(config.num_labels)]

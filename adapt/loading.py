@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from adapt.arch import facts_for
+from adapt.arch import facts_for, preferred_attention
 from adapt.bidirectional import prepare_config
 from adapt.config import ModelConfig, TuningConfig
 from adapt.errors import ConfigError, ModelLoadError
@@ -277,6 +277,38 @@ def load_decoder(cfg: ModelConfig, tuning: TuningConfig | None = None, *, bidire
         if cfg.dtype == "auto":
             model.to(torch.float32)
     tokenizer = load_tokenizer(cfg, source)
+    return model, tokenizer
+
+
+def load_sequence_classifier(model_dir, labels: list[str], *, dtype: torch.dtype = torch.float32):
+    """``(model, tokenizer)``: a ``*ForSequenceClassification`` on the backbone in ``model_dir`` (a model
+    folder or hub id), bidirectional, with a new ``score`` head for ``labels`` (names, in id order).
+
+    The family's preferred attention is used, the tokenizer pads on the right with a pad token (EOS or
+    UNK when it has none), and ``config.pad_token_id`` is that token, as the class's last-token pooling
+    needs. An encoder folder's transformer path is resolved by the caller (:mod:`adapt.export` sits above).
+    """
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    id2label = dict(enumerate(labels))
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the new head is expected to be freshly initialised
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+        tokenizer.padding_side = "right"
+        config = AutoConfig.from_pretrained(str(model_dir), num_labels=len(labels), id2label=id2label,
+                                            label2id={v: k for k, v in id2label.items()})
+        config.pad_token_id = tokenizer.pad_token_id
+        prepare_config(config)
+        model = AutoModelForSequenceClassification.from_pretrained(
+            str(model_dir), config=config, attn_implementation=preferred_attention(config), dtype=dtype)
+    except Exception as err:  # noqa: BLE001
+        raise ModelLoadError(f"cannot load a classifier base from {model_dir}: {type(err).__name__}: {err}") from err
+    finally:
+        hf_logging.set_verbosity(verbosity)
     return model, tokenizer
 
 

@@ -20,11 +20,13 @@ def lora_targets(model, tuning: TuningConfig):
     return tuning.target_modules  # "all-linear" or an explicit list
 
 
-def apply_tuning(model, tuning: TuningConfig, *, new_token_ids: list[int] = ()):
+def apply_tuning(model, tuning: TuningConfig, *, new_token_ids: list[int] = (), modules_to_save: list[str] = ()):
     """Make ``model`` trainable as ``tuning`` says; returns the model to train (maybe a PeftModel).
 
     ``new_token_ids``: rows of the embedding added for this run (a new mask token). Under LoRA they
     stay trainable through peft's ``trainable_token_indices`` so the new token can be learned.
+    ``modules_to_save``: modules trained in full under LoRA (peft's ``modules_to_save``), e.g. a new
+    classification head ``score``; merging puts the trained copy in place.
     """
     if tuning.method == "full":
         model.requires_grad_(True)
@@ -49,7 +51,7 @@ def apply_tuning(model, tuning: TuningConfig, *, new_token_ids: list[int] = ()):
     config = LoraConfig(
         r=tuning.lora_r, lora_alpha=tuning.lora_alpha, lora_dropout=tuning.lora_dropout,
         target_modules=lora_targets(model, tuning), bias="none",
-        trainable_token_indices=list(new_token_ids) or None,
+        trainable_token_indices=list(new_token_ids) or None, modules_to_save=list(modules_to_save) or None,
     )
     try:
         peft_model = get_peft_model(model, config)

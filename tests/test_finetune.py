@@ -1,6 +1,8 @@
 """Classification fine-tuning: a tiny encoder learns a separable toy task well above chance, the saved
 folder loads with plain transformers (pipeline and AutoModelForSequenceClassification) and stays
-bidirectional, LoRA is merged, labels keep their names, and bad inputs are AdaptErrors."""
+bidirectional, LoRA is merged, labels keep their names, and bad inputs are AdaptErrors. Training runs in
+the library's loop (adapt.train.Trainer), which logs to OUT/run/metrics.jsonl, stops early and keeps the
+best epoch's weights."""
 import json
 import random
 
@@ -144,3 +146,81 @@ def test_stablelm_classifier_loads_bidirectional_without_arguments(data, tmp_pat
     finetune(enc, data / "train.jsonl", out, epochs=1, lr=3e-3, batch_size=8, show_progress=False)
     plain = AutoModelForSequenceClassification.from_pretrained(out)
     assert plain.config._attn_implementation == "eager" and probe(plain).bidirectional
+
+
+def test_training_runs_in_the_library_loop(encoder_dir, data, tmp_path, monkeypatch):
+    """finetune trains through adapt.train.Trainer (one train_step per batch), which logs to OUT/run/metrics.jsonl."""
+    from adapt.io_utils import read_jsonl
+    from adapt.train import Trainer
+
+    calls = []
+    original = Trainer.train_step
+    monkeypatch.setattr(Trainer, "train_step", lambda self: calls.append(self.step) or original(self))
+    out = tmp_path / "clf"
+    metrics = finetune(encoder_dir, data / "train.jsonl", out, eval_path=data / "dev.jsonl", epochs=2, lr=3e-3,
+                       batch_size=24, patience=5, show_progress=False)
+    assert calls == list(range(2 * 3))  # 64 examples in batches of 24: 3 steps an epoch, the last one short
+    records = read_jsonl(out / "run" / "metrics.jsonl")
+    evals = [r for r in records if "eval/macro_f1" in r]
+    assert [r["step"] for r in evals] == [3, 6]
+    assert [r["eval/macro_f1"] for r in evals] == [h["macro_f1"] for h in metrics["history"]]
+    assert [r["loss"] for r in records if "loss" in r] == [h["train_loss"] for h in metrics["history"]]
+    assert not (out / "run" / "checkpoints").exists() and not list(tmp_path.glob(".clf*"))
+
+
+def test_early_stopping_keeps_the_best_epoch(encoder_dir, data, tmp_path, monkeypatch):
+    """Dev macro-F1 scripted per epoch (0.5, 0.9, 0.6, 0.4): patience 2 stops after epoch 4, and the saved
+    model holds the weights of epoch 2, not the last ones."""
+    from adapt.objectives.classification import Classification
+
+    scripted, heads = [0.5, 0.9, 0.6, 0.4], []
+    original = Classification.evaluate
+
+    def evaluate(self, module, accelerator):
+        real = original(self, module, accelerator)
+        if len(heads) == len(scripted):  # after training: the saved model's own figures
+            return real
+        heads.append(module.model.score.weight.detach().clone())
+        return {**real, "eval/macro_f1": scripted[len(heads) - 1]}
+
+    monkeypatch.setattr(Classification, "evaluate", evaluate)
+    out = tmp_path / "clf"
+    metrics = finetune(encoder_dir, data / "train.jsonl", out, eval_path=data / "dev.jsonl", epochs=8, lr=3e-3,
+                       batch_size=32, patience=2, show_progress=False)
+    assert metrics["epochs_run"] == 4 and metrics["best_epoch"] == 2 and metrics["dev_macro_f1"] == 0.9
+    assert [h["macro_f1"] for h in metrics["history"]] == scripted
+    saved = AutoModelForSequenceClassification.from_pretrained(out).score.weight
+    assert torch.equal(saved, heads[1]) and not torch.equal(saved, heads[3])
+
+
+def test_lora_trains_the_new_head(encoder_dir):
+    """Under LoRA the fresh ``score`` head is trained in full (peft's modules_to_save), the rest through adapters."""
+    from adapt.config import TuningConfig
+    from adapt.loading import load_sequence_classifier
+    from adapt.tuning import apply_tuning
+
+    model, tokenizer = load_sequence_classifier(encoder_dir, ["a", "b", "c"])  # the export's model sits at its root
+    assert model.config.is_causal is False and model.config.pad_token_id == tokenizer.pad_token_id
+    assert model.config.id2label == {0: "a", 1: "b", 2: "c"} and tokenizer.padding_side == "right"
+    lora = apply_tuning(model, TuningConfig(method="lora", lora_r=4, lora_alpha=8), modules_to_save=["score"])
+    trainable = [name for name, p in lora.named_parameters() if p.requires_grad]
+    assert any("score" in name for name in trainable) and all("score" in n or "lora_" in n for n in trainable)
+
+
+def test_dev_scores_match_scikit_learn():
+    """Accuracy and macro-F1 from the gathered confusion counts equal scikit-learn's on the same predictions."""
+    import numpy as np
+    from sklearn.metrics import accuracy_score, f1_score
+
+    from adapt.objectives.classification import scores_from_confusion
+
+    rng = np.random.default_rng(0)
+    for truth, predicted in [(rng.integers(0, 4, 50), rng.integers(0, 4, 50)),
+                             (rng.integers(0, 2, 20), np.zeros(20, dtype=int)),  # a label never predicted
+                             (np.array([0, 0, 1]), np.array([0, 1, 1]))]:       # labels 2, 3 occur nowhere
+        confusion = np.zeros((4, 4))
+        np.add.at(confusion, (truth, predicted), 1)
+        got = scores_from_confusion(confusion)
+        assert got["accuracy"] == pytest.approx(accuracy_score(truth, predicted))
+        assert got["macro_f1"] == pytest.approx(f1_score(truth, predicted, average="macro", zero_division=0))
+    assert scores_from_confusion(np.zeros((2, 2))) == {"accuracy": 0.0, "macro_f1": 0.0}
