@@ -269,6 +269,9 @@ def load_decoder(cfg: ModelConfig, tuning: TuningConfig | None = None, *, bidire
     if qconfig is not None:
         keep_4bit_trainable(model)
         release_load_memory(model)
+        if _trains_on_cpu(device_map):
+            log.info("quantized on the CPU: bitsandbytes runs its portable CPU path (its faster kernel comes "
+                     "from the `kernels` package, which fetches code from a hub)")
     if source.gguf_file:
         # GGUF weights are dequantized on load; drop the marker so save_pretrained writes plain safetensors.
         if hasattr(model.config, "quantization_config"):

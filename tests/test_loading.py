@@ -159,3 +159,18 @@ def test_lean_cpu_malloc_makes_freed_blocks_leave_rss(tmp_path):
         freed[mode] = (applied == "True", int(kib))
     assert freed["auto"][0] and freed["auto"][1] >= 7 * 1024, freed    # set, and the 8 MiB block left RSS
     assert freed["glibc"] == (False, freed["glibc"][1]) and freed["glibc"][1] < 1024, freed  # it stayed
+
+
+def test_no_bitsandbytes_kernel_notice_on_a_plain_import():
+    """peft and sentence-transformers import bitsandbytes on every run; its CPU-kernel notice reads like an
+    install error and must not reach a user who asked for no quantization."""
+    import subprocess
+    import sys
+
+    code = "import logging; logging.basicConfig(level=logging.INFO); import adapt.export, peft, bitsandbytes"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "gemm_4bit_forward" not in proc.stderr + proc.stdout
+    bare = subprocess.run([sys.executable, "-c", "import logging; logging.basicConfig(); import bitsandbytes"],
+                          capture_output=True, text=True, timeout=120)
+    assert "gemm_4bit_forward" in bare.stderr + bare.stdout  # the notice exists: the filter is what hides it
