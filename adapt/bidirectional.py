@@ -87,6 +87,23 @@ def make_bidirectional(model, *, sliding_window: str = "full"):
     return model
 
 
+def is_decoder_only(config) -> bool:
+    """A decoder-only family (Llama, Qwen, GPT-2, ...), whose attention is causal unless told otherwise;
+    encoder families that transformers can also run as decoders (BERT, RoBERTa, ...) are not."""
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+
+    model_type = getattr(config, "model_type", "")
+    return (model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+            and not getattr(config, "is_encoder_decoder", False))
+
+
+def attends_causally(model_or_config) -> bool:
+    """True for a decoder-only model that was never made bidirectional (what ``adapt embed`` refuses)."""
+    config = getattr(_unwrap(model_or_config), "config", model_or_config)
+    return is_decoder_only(config) and not is_bidirectional(config)
+
+
 def is_bidirectional(model_or_config) -> bool:
     config = getattr(_unwrap(model_or_config), "config", model_or_config)
     return getattr(config, "is_causal", True) is False

@@ -177,9 +177,11 @@ def export(source, out, pooling, normalize, max_seq_length, dtype, prompts):
 @click.option("--normalize/--no-normalize", default=None, help="L2-normalize (default: as the encoder says).")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto", show_default=True)
 @click.option("--device", help="cpu, cuda, cuda:1, mps (default: best available).")
+@click.option("--allow-causal", is_flag=True, help="Embed with a causal model (a decoder never converted) as it is.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @_friendly
-def embed(encoder, texts, input_path, output_path, field, prompt_name, batch_size, max_length, normalize, dtype, device, quiet):
+def embed(encoder, texts, input_path, output_path, field, prompt_name, batch_size, max_length, normalize, dtype, device,
+          allow_causal, quiet):
     """Embed TEXT arguments, a file, or stdin with ENCODER; vectors come out in input order.
 
     An empty text is embedded as the tokenizer's empty input (its special tokens, or EOS when it
@@ -192,7 +194,7 @@ def embed(encoder, texts, input_path, output_path, field, prompt_name, batch_siz
         raise click.UsageError("give TEXT arguments, --input FILE, or pipe texts on stdin")
     summary = run(encoder, texts=list(texts) or None, input_path=input_path, output_path=output_path, field=field,
                   prompt_name=prompt_name, batch_size=batch_size, max_length=max_length, normalize=normalize,
-                  dtype=dtype, device=device, show_progress=not quiet)
+                  dtype=dtype, device=device, show_progress=not quiet, allow_causal=allow_causal)
     if output_path:
         click.echo(f"embedded {summary.n} texts -> {summary.output} ({summary.dim} dims, {summary.seconds:.1f} s)", err=True)
 

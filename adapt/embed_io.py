@@ -28,6 +28,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from adapt.bidirectional import attends_causally
 from adapt.errors import ConfigError, DataError
 from adapt.readers import file_format, iter_lines, iter_records, supported
 
@@ -226,8 +227,11 @@ def _writer_class(output_path):
 def embed(encoder_source, texts: Iterable[str] | None = None, input_path=None, output_path=None, *,
           field: str = "text", prompt_name: str | None = None, batch_size: int = 32, max_length: int | None = None,
           normalize: bool | None = None, dtype="auto", device: str | None = None, show_progress: bool = True,
-          chunk_size: int = 10_000) -> EmbedSummary:
+          chunk_size: int = 10_000, allow_causal: bool = False) -> EmbedSummary:
     """``adapt embed``: encode texts (arguments, a file or stdin) and write the vectors (file or stdout).
+
+    A causal model (a decoder never converted: ``is_causal`` is not false) is refused unless
+    ``allow_causal``: each of its vectors would see only the text left of each token, silently.
 
     ``encoder_source`` is anything :func:`adapt.encoder.load_encoder` loads, or an ``Encoder``. Inputs
     and outputs are checked before the model is loaded, so a typo fails fast.
@@ -245,6 +249,10 @@ def embed(encoder_source, texts: Iterable[str] | None = None, input_path=None, o
     start = time.perf_counter()
     encoder = encoder_source if isinstance(encoder_source, Encoder) else load_encoder(
         encoder_source, normalize=normalize, dtype=dtype, device=device, max_length=max_length)
+    if not allow_causal and attends_causally(encoder.model):
+        raise ConfigError(f"{encoder.name} is a causal {encoder.model.config.model_type!r} model (config.is_causal is "
+                          "not false): its vectors would see only the text to the left of each token. Convert it "
+                          "first (`adapt convert`), or pass --allow-causal to embed it as it is.")
     writer = open_writer(output_path, encoder.dim, n)
     try:
         stats = encoder.encode_stream(stream, writer, chunk_size=chunk_size, batch_size=batch_size,

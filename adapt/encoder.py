@@ -30,7 +30,7 @@ from adapt.arch import facts_for, preferred_attention
 from adapt.bidirectional import is_bidirectional, make_bidirectional, position_ids_from_mask, prepare_config
 from adapt.errors import ConfigError, ModelLoadError
 from adapt.export import read_st_settings
-from adapt.loading import parse_dtype, resolve_source
+from adapt.loading import looks_like_hub_id, parse_dtype, resolve_source
 from adapt.pooling import POOLINGS, pool, pooling_name
 
 
@@ -233,6 +233,9 @@ def load_encoder(source, *, pooling: str | None = None, bidirectional: bool | No
     from transformers.utils import logging as hf_logging
 
     gguf_file = None
+    local = Path(str(source)).expanduser()
+    if not str(source).startswith("py:") and not local.exists() and not looks_like_hub_id(source):
+        raise ModelLoadError(f"{source}: no such file or folder (and not a hub id like org/name)")
     if isinstance(source, str) and source.startswith("py:") or str(source).lower().endswith(".gguf") or (
             Path(source).is_dir() and not (Path(source) / "config.json").exists() and any(Path(source).glob("*.gguf"))):
         resolved = resolve_source(str(source))
@@ -270,7 +273,8 @@ def load_encoder(source, *, pooling: str | None = None, bidirectional: bool | No
             model.hf_quantizer = None
             model.to(torch_dtype)
     except Exception as err:  # noqa: BLE001 - every failure here is "this is not a model we can load"
-        raise ModelLoadError(f"cannot load an encoder from {source}: {type(err).__name__}: {err}") from err
+        where = "" if path.exists() or gguf_file else " (no such local folder, so it was tried as a hub id)"
+        raise ModelLoadError(f"cannot load an encoder from {source}{where}: {type(err).__name__}: {err}") from err
     finally:
         hf_logging.set_verbosity(verbosity)
         if bars:

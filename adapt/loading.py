@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from adapt.arch import facts_for, preferred_attention
-from adapt.bidirectional import prepare_config
+from adapt.bidirectional import is_decoder_only, prepare_config
 from adapt.config import ModelConfig, TuningConfig
 from adapt.errors import ConfigError, ModelLoadError
 
@@ -49,6 +49,15 @@ class Source:
         return Path(self.path).exists()
 
 
+HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
+
+
+def looks_like_hub_id(source) -> bool:
+    """``org/name`` or ``name`` (what the hub resolves), as opposed to a local path (``./x``, ``a/b/c``, ``/x``)."""
+    text = str(source)
+    return bool(HUB_ID.fullmatch(text)) and not text.startswith(".")
+
+
 def resolve_source(source: str, gguf_file: str | None = None) -> Source:
     """Turn the user's MODEL argument into a :class:`Source`; errors say what to pass instead."""
     if not source:
@@ -73,7 +82,7 @@ def resolve_source(source: str, gguf_file: str | None = None) -> Source:
             else:
                 raise ModelLoadError(f"{source} has no config.json and no .gguf file: it is not a transformers model folder")
         return Source(str(path), gguf_file)
-    if re.fullmatch(r"[\w.-]+/[\w.-]+", source) or re.fullmatch(r"[\w.-]+", source):
+    if looks_like_hub_id(source):
         return Source(source, gguf_file)  # a hub id: resolved by transformers, needs a network
     raise ModelLoadError(f"{source}: no such file or folder (and not a hub id like org/name)")
 
@@ -85,8 +94,6 @@ def _hub_kwargs(cfg: ModelConfig) -> dict:
 def load_config(cfg: ModelConfig, source: Source | None = None):
     """The model's config, checked to be a causal decoder that transformers can build."""
     from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-                                                        MODEL_FOR_MASKED_LM_MAPPING_NAMES)
 
     source = source or resolve_source(cfg.source, cfg.gguf_file)
     try:
@@ -99,8 +106,7 @@ def load_config(cfg: ModelConfig, source: Source | None = None):
     model_type = getattr(config, "model_type", "")
     # Families with a masked-LM head in transformers (BERT, RoBERTa, ...) are encoders that can
     # also be run as decoders; they are already bidirectional and are not what adapt converts.
-    is_encoder = model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES
-    if getattr(config, "is_encoder_decoder", False) or is_encoder or model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    if not is_decoder_only(config):
         raise ModelLoadError(
             f"{cfg.source!r} is a {model_type or 'unknown'!r} model, not a causal decoder: adapt converts "
             "decoder-only language models (Llama, Qwen, Mistral, Gemma, GPT-2, ...). An encoder such as BERT "

