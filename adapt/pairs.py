@@ -38,40 +38,14 @@ def text_key(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little") >> 1
 
 
-def load_sentences(sources, *, text_field: str = "text", min_words: int = 4, max_texts: int | None = None):
-    """SimCSE training text: the sentences of ``sources`` (every line cut at sentence ends), in order.
-
-    Sentences of fewer than ``min_words`` words and repeats are skipped; returns (sentences, counts).
-    """
-
-
+def _unique_texts(texts, *, min_words: int, max_texts: int | None) -> tuple[list[str], dict]:
+    """``texts`` whitespace-normalized, in order, without blanks, texts of fewer than ``min_words`` words
+    (counted as ``short``) and repeats (``duplicate``); at most ``max_texts``."""
     seen, out, counts = set(), [], {"short": 0, "duplicate": 0}
-    for doc in iter_documents(sources, text_field=text_field):
-        for line in doc.text.splitlines():
-            for sentence in _SENTENCE_END.split(line.strip()):
-                sentence = " ".join(sentence.split())
-                if not sentence:
-                    continue
-                if len(sentence.split()) < min_words:
-                    counts["short"] += 1
-                    continue
-                key = text_key(sentence)
-                if key in seen:
-                    counts["duplicate"] += 1
-                    continue
-                seen.add(key)
-                out.append(sentence)
-                if max_texts and len(out) >= max_texts:
-                    return out, counts
-    return out, counts
-
-
-def load_documents(sources, *, text_field: str = "text", min_words: int = 16, max_texts: int | None = None):
-    """Documents for cropping (paragraphs of text files, JSON lines, rows), whitespace-normalized; those of
-    fewer than ``min_words`` words and repeats are skipped. Returns (documents, counts)."""
-    seen, out, counts = set(), [], {"short": 0, "duplicate": 0}
-    for doc in iter_documents(sources, text_field=text_field):
-        text = " ".join(doc.text.split())
+    for text in texts:
+        text = " ".join(text.split())
+        if not text:
+            continue
         if len(text.split()) < min_words:
             counts["short"] += 1
             continue
@@ -84,6 +58,23 @@ def load_documents(sources, *, text_field: str = "text", min_words: int = 16, ma
         if max_texts and len(out) >= max_texts:
             break
     return out, counts
+
+
+def load_sentences(sources, *, text_field: str = "text", min_words: int = 4, max_texts: int | None = None):
+    """SimCSE training text: the sentences of ``sources`` (every line cut at sentence ends), in order.
+
+    Sentences of fewer than ``min_words`` words and repeats are skipped; returns (sentences, counts).
+    """
+    sentences = (sentence for doc in iter_documents(sources, text_field=text_field)
+                 for line in doc.text.splitlines() for sentence in _SENTENCE_END.split(line.strip()))
+    return _unique_texts(sentences, min_words=min_words, max_texts=max_texts)
+
+
+def load_documents(sources, *, text_field: str = "text", min_words: int = 16, max_texts: int | None = None):
+    """Documents for cropping (paragraphs of text files, JSON lines, rows), whitespace-normalized; those of
+    fewer than ``min_words`` words and repeats are skipped. Returns (documents, counts)."""
+    documents = (doc.text for doc in iter_documents(sources, text_field=text_field))
+    return _unique_texts(documents, min_words=min_words, max_texts=max_texts)
 
 
 def crop(words: list[str], rng: np.random.Generator, ratio: tuple[float, float], min_words: int,
