@@ -53,7 +53,7 @@ from adapt.errors import ConfigError, DataError, ModelLoadError, OutputExistsErr
 from adapt.export import pin_attention, read_st_settings
 from adapt.io_utils import atomic_path, read_jsonl
 from adapt.layout import CHECKPOINTS, RUN
-from adapt.loading import load_sequence_classifier
+from adapt.loading import load_sequence_classifier, looks_like_hub_id
 from adapt.objectives.classification import POOLINGS, Classification, ClassifierModule, pad_batch, score_layer
 from adapt.readers import file_format, iter_lines, iter_records
 from adapt.train import Trainer, build_accelerator
@@ -108,7 +108,9 @@ def _tokenize(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
 
 def _base_model_dir(source) -> str:
     """The model folder of ``source``: an exported encoder's Transformer module, else ``source`` itself."""
-    path = Path(source)
+    path = Path(source).expanduser()
+    if not path.exists() and not looks_like_hub_id(source):
+        raise ModelLoadError(f"{source}: no such file or folder (and not a hub id like org/name)")
     st = read_st_settings(path) if path.is_dir() else None
     return str(st["transformer_path"]) if st and st["transformer_path"] else str(source)
 

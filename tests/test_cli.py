@@ -106,3 +106,15 @@ def test_embed_cli_refuses_a_causal_decoder_and_says_how(tiny_model_dir):
     assert result.exit_code == 2 and "--allow-causal" in result.output and "Traceback" not in result.output
     allowed = CliRunner().invoke(main, ["embed", str(tiny_model_dir), "a text", "--quiet", "--allow-causal"])
     assert allowed.exit_code == 0 and '"embedding"' in allowed.output
+
+
+@pytest.mark.parametrize("command", [["probe"], ["embed", "--quiet", "a text"], ["finetune", "--data", "LABELED", "-o", "OUT"],
+                                     ["bench", "--suite", "quick", "--quiet", "-o", "OUT"],
+                                     ["convert", "-o", "OUT", "--data", "LABELED", "--preset", "tiny"]])
+def test_every_command_says_when_the_model_path_does_not_exist(command, tmp_path):
+    labeled = tmp_path / "labeled.jsonl"
+    labeled.write_text("".join(json.dumps({"text": f"text {i}", "label": "ab"[i % 2]}) + "\n" for i in range(4)))
+    args = [str(labeled) if a == "LABELED" else str(tmp_path / "out") if a == "OUT" else a for a in command]
+    result = CliRunner().invoke(main, args[:1] + ["runs/no-such/model"] + args[1:])
+    assert result.exit_code == 2, result.output
+    assert "runs/no-such/model: no such file or folder" in result.output and "Repo id" not in result.output
