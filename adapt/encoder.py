@@ -31,7 +31,7 @@ from adapt.bidirectional import is_bidirectional, make_bidirectional, position_i
 from adapt.errors import ConfigError, ModelLoadError
 from adapt.export import read_st_settings
 from adapt.loading import looks_like_hub_id, parse_dtype, resolve_source
-from adapt.pooling import POOLINGS, pool, pooling_name
+from adapt.pooling import pool, pooling_name
 
 
 class EncodeWarning(UserWarning):

@@ -21,7 +21,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import torch
 
 from adapt.arch import preferred_attention
 from adapt.bidirectional import assert_bidirectional, is_bidirectional
