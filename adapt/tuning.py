@@ -51,8 +51,9 @@ def _linear_names_hint(model, most: int = 10) -> str:
 
 
 def router_modules(model) -> list[str]:
-    """Names of the routers of a mixture-of-experts model: the modules outside attention whose weight maps a
-    hidden state to one logit per expert (``mlp.gate``, ``mlp.router``, ``block_sparse_moe.router``, ...)."""
+    """Names of the routers of a mixture-of-experts model: the modules of its numbered layers, outside
+    attention, whose weight maps a hidden state to one logit per expert (``mlp.gate``, ``mlp.router``,
+    ``block_sparse_moe.router``, ...; a classifier head with as many labels is not one)."""
     n = num_experts(model.config)
     if not n:
         return []
@@ -60,7 +61,7 @@ def router_modules(model) -> list[str]:
     attention = tuple(name + "." for name, m in model.named_modules() if type(m).__name__.endswith("Attention"))
     return [name for name, module in model.named_modules()
             if isinstance(getattr(module, "weight", None), torch.Tensor) and tuple(module.weight.shape) == shape
-            and not name.startswith(attention)]
+            and not name.startswith(attention) and any(part.isdigit() for part in name.split("."))]
 
 
 def freeze_routers(model, names: list[str]) -> None:

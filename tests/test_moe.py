@@ -35,6 +35,16 @@ def test_attention_targets_and_routers_are_found(family):
     assert all(name.rsplit(".", 1)[-1] in ("gate", "router", "layer") for name in routers), routers
 
 
+def test_a_classifier_head_with_one_label_per_expert_is_not_a_router():
+    from transformers import AutoModelForSequenceClassification
+
+    from tests.tiny import tiny_config
+
+    model = AutoModelForSequenceClassification.from_config(tiny_config("qwen3_moe", num_labels=4))
+    assert model.score.weight.shape == (4, 32)
+    assert router_modules(model) == [f"model.layers.{i}.mlp.gate" for i in range(2)]
+
+
 @pytest.fixture
 def corpus(tmp_path):
     path = tmp_path / "corpus.txt"
