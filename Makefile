@@ -1,9 +1,11 @@
 # make demo : install, then convert the embedded default (SmolLM2-135M on real text), embed, benchmark
 # make test : install, then run the test suite (offline, CPU)
+# make test-oldest : the fast tests against the OLDEST releases pyproject.toml admits (a second venv)
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 OUT    ?= runs/demo
+OLDEST ?= .venv-oldest
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -26,4 +28,19 @@ test: install
 test-fast: install
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow"
 
-.PHONY: install demo test test-fast
+# transformers, peft, sentence-transformers, accelerate, datasets and mteb pinned to the lower bounds of
+# their ranges in pyproject.toml (.ci/oldest-pins.py reads them), the rest as pip resolves them.
+$(OLDEST)/.installed: pyproject.toml Makefile .ci/oldest-pins.py
+	test -x $(OLDEST)/bin/python || python3 -m venv $(OLDEST)
+	$(OLDEST)/bin/python -m pip install -q --upgrade pip
+	$(OLDEST)/bin/python -m pip install -q "$(TORCH)"
+	$(OLDEST)/bin/python .ci/oldest-pins.py > $(OLDEST)/oldest-pins.txt
+	$(OLDEST)/bin/python -m pip install -q -c $(OLDEST)/oldest-pins.txt -e ".[test,offline,hub,mteb]"
+	$(OLDEST)/bin/python .ci/oldest-pins.py --check
+	touch $@
+
+test-oldest: $(OLDEST)/.installed
+	$(OLDEST)/bin/python .ci/oldest-pins.py --check
+	HF_HUB_OFFLINE=1 $(OLDEST)/bin/python -m pytest -q -m "not slow"
+
+.PHONY: install demo test test-fast test-oldest

@@ -7,17 +7,80 @@ from pathlib import Path
 
 import torch
 
-from adapt.arch import facts_for
+from adapt.arch import MOE_LORA_TARGETS, facts_for, num_experts
 from adapt.config import TuningConfig
 from adapt.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 
+def _is_linear(module) -> bool:
+    # bitsandbytes' Linear4bit/Linear8bitLt are nn.Linear; GPT-2's Conv1D is a linear layer too
+    return isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"
+
+
+def attention_linears(model) -> list[str]:
+    """Name suffixes of the linear layers inside the attention modules, e.g. ``self_attn.q_proj``.
+
+    Attention modules are found by transformers' naming convention (``Qwen3MoeAttention``, ...).
+    """
+    found = set()
+    for name, module in model.named_modules():
+        if type(module).__name__.endswith("Attention"):
+            parent = name.rpartition(".")[2]
+            found.update(f"{parent}.{sub}" if parent else sub
+                         for sub, child in module.named_modules() if sub and _is_linear(child))
+    return sorted(found)
+
+
 def lora_targets(model, tuning: TuningConfig):
-    if tuning.target_modules == "registry":
-        return facts_for(model.config).lora_targets
-    return tuning.target_modules  # "all-linear" or an explicit list
+    targets = tuning.target_modules
+    if targets == "registry":
+        targets = facts_for(model.config).lora_targets
+    if targets == MOE_LORA_TARGETS:
+        targets = attention_linears(model)
+        if not targets:
+            raise ConfigError("LoRA found no linear layer inside an attention module of this model: set "
+                              f"tuning.target_modules to a list of module names ({_linear_names_hint(model)})")
+    return targets  # "all-linear" or a list of module-name suffixes
+
+
+def _linear_names_hint(model, most: int = 10) -> str:
+    names = sorted({name.rpartition(".")[2] for name, m in model.named_modules() if _is_linear(m)})
+    return "its linear layers: " + ", ".join(names[:most]) + (", ..." if len(names) > most else "")
+
+
+def router_modules(model) -> list[str]:
+    """Names of the routers of a mixture-of-experts model: the modules of its numbered layers, outside
+    attention, whose weight maps a hidden state to one logit per expert (``mlp.gate``, ``mlp.router``,
+    ``block_sparse_moe.router``, ...; a classifier head with as many labels is not one)."""
+    n = num_experts(model.config)
+    if not n:
+        return []
+    shape = (n, getattr(model.config.get_text_config(), "hidden_size", None))
+    attention = tuple(name + "." for name, m in model.named_modules() if type(m).__name__.endswith("Attention"))
+    return [name for name, module in model.named_modules()
+            if isinstance(getattr(module, "weight", None), torch.Tensor) and tuple(module.weight.shape) == shape
+            and not name.startswith(attention) and any(part.isdigit() for part in name.split("."))]
+
+
+def freeze_routers(model, names: list[str]) -> None:
+    """Freeze the routers ``names`` of an MoE and anything peft put on them (see :func:`adapt.arch.num_experts`
+    for why: under ``target_modules=all-linear`` peft may adapt a router too)."""
+    for name in names:
+        model.get_submodule(name).requires_grad_(False)
+    if names:
+        log.info("mixture of experts: its %d routers stay frozen", len(names))
+
+
+def _lora_error(err: ValueError, model) -> ConfigError:
+    if "lora_dropout" in str(err):  # peft's ParamWrapper: the fused expert weights of an MoE
+        advice = ("the targets reach fused expert weights, which peft adapts only without dropout: set "
+                  "tuning.lora_dropout=0 to train them, or tuning.target_modules=registry (attention only)")
+    else:
+        advice = (f"set tuning.target_modules to a list of module names ({_linear_names_hint(model)}) or "
+                  "all-linear")
+    return ConfigError(f"LoRA could not attach to this model ({err}); {advice}")
 
 
 def apply_tuning(model, tuning: TuningConfig, *, new_token_ids: list[int] = (), modules_to_save: list[str] = ()):
@@ -28,8 +91,10 @@ def apply_tuning(model, tuning: TuningConfig, *, new_token_ids: list[int] = (), 
     ``modules_to_save``: modules trained in full under LoRA (peft's ``modules_to_save``), e.g. a new
     classification head ``score``; merging puts the trained copy in place.
     """
+    routers = router_modules(model)  # named before peft wraps anything
     if tuning.method == "full":
         model.requires_grad_(True)
+        freeze_routers(model, routers)
         if tuning.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         return model
@@ -38,6 +103,10 @@ def apply_tuning(model, tuning: TuningConfig, *, new_token_ids: list[int] = (), 
     if tuning.method == "qlora":
         if not getattr(model, "is_quantized", False) and getattr(model, "hf_quantizer", None) is None:
             raise ConfigError("tuning.method=qlora needs a model loaded with quantization (load_decoder(..., tuning))")
+        share = quantized_share(model)
+        if num_experts(model.config) and share < 0.5:
+            log.warning("QLoRA: bitsandbytes quantized only %.0f%% of this mixture-of-experts model's weights (its "
+                        "linear layers); the fused expert weights stay in %s", 100 * share, model.dtype)
     if tuning.method == "qlora" and tuning.kbit_fp32 == "all":  # peft's preparation, checkpointing included
         model = prepare_model_for_kbit_training(
             model, use_gradient_checkpointing=tuning.gradient_checkpointing,
@@ -56,9 +125,21 @@ def apply_tuning(model, tuning: TuningConfig, *, new_token_ids: list[int] = (), 
     try:
         peft_model = get_peft_model(model, config)
     except ValueError as e:
-        raise ConfigError(f"LoRA could not attach to this model ({e}); set tuning.target_modules=all-linear "
-                          "or list module names") from None
+        raise _lora_error(e, model) from None
+    freeze_routers(peft_model.get_base_model(), routers)
     return peft_model
+
+
+def quantized_share(model) -> float:
+    """The fraction of the model's weights (in values, not bytes) that bitsandbytes holds quantized."""
+    quantized = total = 0
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            kind = type(param).__name__
+            n = module.in_features * module.out_features if kind in ("Params4bit", "Int8Params") else param.numel()
+            total += n
+            quantized += n if kind in ("Params4bit", "Int8Params") else 0
+    return quantized / max(total, 1)
 
 
 def _cast_to_weight_dtype(module, args):
@@ -111,14 +192,21 @@ def merged_model(model, tuning: TuningConfig, *, adapter_dir: Path | None = None
     if tuning.method == "full":
         return model
     if tuning.method == "lora":
-        return model.merge_and_unload()
+        return _unmarked(model.merge_and_unload())
     from peft import PeftModel
 
     if adapter_dir is None or load_base is None:
         raise ConfigError("merging a QLoRA adapter needs the saved adapter and a way to reload the base unquantized")
     base = load_base()
-    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+    merged = _unmarked(PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload())
     return merged.to(torch.float32) if merged.dtype != torch.float32 and base.device.type == "cpu" else merged
+
+
+def _unmarked(model):
+    """peft 0.15 leaves ``peft_config`` on the model it merged into: a plain model has none."""
+    if "peft_config" in vars(model):
+        del model.peft_config
+    return model
 
 
 def save_adapter_and_merge(model, tuning: TuningConfig, run_dir: Path, load_base):

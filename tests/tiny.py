@@ -14,6 +14,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFa
 _COMMON = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                num_key_value_heads=2, max_position_embeddings=128)
 
+_MOE = dict(_COMMON, num_experts_per_tok=2)  # 4 experts, top-2
+
 TINY_CONFIGS: dict[str, dict] = {
     "llama": dict(_COMMON),
     "mistral": dict(_COMMON, sliding_window=4),
@@ -31,6 +33,13 @@ TINY_CONFIGS: dict[str, dict] = {
     "starcoder2": dict(_COMMON, sliding_window=None),
     "smollm3": dict(_COMMON),
     "phi": dict(_COMMON),
+    # mixture-of-experts decoders (each config's own name for its expert count)
+    "qwen3_moe": dict(_MOE, num_experts=4, moe_intermediate_size=64, head_dim=8),
+    "qwen2_moe": dict(_MOE, num_experts=4, moe_intermediate_size=64, shared_expert_intermediate_size=64),
+    "mixtral": dict(_MOE, num_local_experts=4),
+    "olmoe": dict(_MOE, num_experts=4),
+    "granitemoe": dict(_MOE, num_local_experts=4),
+    "gpt_oss": dict(_MOE, num_local_experts=4, head_dim=8, sliding_window=4),
 }
 
 CORPUS = (
