@@ -101,7 +101,8 @@ class TuningConfig:
     lora_r: int = _help("LoRA rank", 16)
     lora_alpha: int = _help("LoRA alpha", 32)
     lora_dropout: float = _help("LoRA dropout", 0.05)
-    target_modules: Any = _help("registry (the family's facts), all-linear, or a list of module names", "registry")
+    target_modules: Any = _help("registry (the family's facts; attention for mixture-of-experts), attention, "
+                                "all-linear, or a list of module names", "registry")
     quant_bits: int = _help("qlora: 4 or 8", 4)
     quant_type: str = _help("qlora 4-bit type: nf4 or fp4", "nf4")
     double_quant: bool = _help("qlora: double quantization", True)
