@@ -219,6 +219,9 @@ def test_list_suites():
                                "newsgroup-clustering", "wiki-retrieval"]
     assert "SciFact" in suites["mteb-lite"] and len(suites["mteb-lite"]) == 6
     assert len(suites["standard"]) >= 8 and suites["standard-dev"] == [f"{t}-dev" for t in suites["standard"]]
+    from adapt.bench import SUITE_HELP
+
+    assert set(SUITE_HELP) == set(suites) and all(SUITE_HELP.values())
 
 
 def test_real_tiny_decoder_with_baselines_through_adapt_encoder(tmp_path, tiny_model_dir):

@@ -36,7 +36,13 @@ SUITES: dict[str, list[str]] = {
 }
 SUITE_HELP = {
     "quick": "offline: real English text from gensim's test data (similarity, 2x classification, clustering, "
-             "Wikipedia retrieval); minutes on a CPU",
+             "Wikipedia retrieval); a smoke test, too small to separate encoders (about 53k tokens)",
+    "standard": "offline, the test split: 8 tasks from packaged text (3x retrieval: WordNet, man pages, FOLDOC; "
+                "3x classification: spam mail, WordNet supersenses, fortunes; FOLDOC clustering; SimLex-999), "
+                "bootstrap intervals; about 520k tokens, ~16 min for a 135M decoder at 1M tokens per 30 min. "
+                "Data: make install (adapt/bench/sources.py)",
+    "standard-dev": "the standard suite's dev split (same tasks as NAME-dev, disjoint items): choose recipes here, "
+                    "report --suite standard",
     "mteb-lite": "6 MTEB tasks scored by mteb (needs a network to download them)",
     "mteb-mock": "mteb's tiny offline mock tasks: checks the MTEB path, scores mean nothing",
 }
