@@ -75,9 +75,10 @@ def markdown(rows: list[dict], title: str = "Benchmark") -> str:
     for m in models:
         if m in average:
             averages.append(_cell(average[m]))
-        else:  # no intervals (MTEB tasks): the plain mean when the model has every task
+        else:  # no intervals at all (MTEB tasks): the plain mean when the model has every task
             scores = [cell[(t, m)]["value"] for t in tasks if (t, m) in cell]
-            averages.append(_fmt(sum(scores) / len(scores)) if scores and len(scores) == len(tasks) else "-")
+            complete = scores and len(scores) == len(tasks) and not average
+            averages.append(_fmt(sum(scores) / len(scores)) if complete else "-")
     lines.append("| **average** | | " + " | ".join(averages) + " |")  # no bold: it would swallow the `*` marker
     return "\n".join(lines) + "\n" + _legend(rows)
 
