@@ -68,7 +68,7 @@ class MtebTaskRef:
 
 
 def resolve_task(ref: str | Path | Task) -> Task | MtebTaskRef:
-    """A quick-suite task name, a task folder, ``mteb:NAME`` or an MTEB task name -> a task."""
+    """A quick or standard task name, a task folder, ``mteb:NAME`` or an MTEB task name -> a task."""
     if isinstance(ref, Task):
         return ref
     text = str(ref)
@@ -94,7 +94,8 @@ def _mteb_ref(name: str) -> MtebTaskRef:
     try:
         return MtebTaskRef(name, mteb_tasks.get_task(name))
     except DataError as e:
-        raise DataError(f"{e}. Quick-suite tasks: {', '.join(quick.BUILDERS)}; suites: {', '.join(SUITES)}") from None
+        raise DataError(f"{e}. Quick-suite tasks: {', '.join(quick.BUILDERS)}; standard tasks: "
+                        f"{', '.join(standard.STANDARD_TASKS)} (and NAME-dev); suites: {', '.join(SUITES)}") from None
 
 
 def task_refs(suite: str | None, tasks: list | None) -> list:
