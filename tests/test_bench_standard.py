@@ -135,3 +135,18 @@ def test_troff_text():
     assert std_reference._troff_text(".IR \"The memory is not initialized\" .") == "The memory is not initialized."
     assert std_reference._troff_text(r"returns \fBNULL\fP on error \- see below") == "returns NULL on error - see below"
     assert std_reference._troff_text(".PP") == "" and std_reference._troff_text('.\\" a comment') == ""
+
+
+def test_the_suite_runs_end_to_end_with_intervals(splits, tmp_path):
+    from adapt.bench import run_bench
+    from adapt.bench.bm25 import BM25Baseline
+    from tests.test_bench_fakes import HashEncoder
+
+    report = run_bench([HashEncoder("bow"), BM25Baseline()], suite="standard-dev", out_dir=tmp_path, limit=60,
+                       show_progress=False, update_cards=False)
+    main = {(r["model"], r["task"]): r for r in report.rows if r["main"]}
+    assert {t for m, t in main if m == "bow"} == set(standard.STANDARD_DEV_TASKS)
+    assert {t for m, t in main if m == "BM25"} == {t for t in standard.STANDARD_DEV_TASKS if "retrieval" in t}
+    assert all(r["ci_low"] <= r["value"] <= r["ci_high"] for r in main.values())
+    assert [r["model"] for r in report.rows if r["kind"] == "average"] == ["bow"]
+    assert "adapt bench: standard-dev" in report.markdown
