@@ -22,6 +22,7 @@ import numpy as np
 
 from adapt.bench.sources import FORTUNE_DIR, debian_path, debian_version, gensim_file, npm_package
 from adapt.bench.tasks import ClassificationTask, SimilarityTask
+from adapt.errors import DataError
 
 SEED = 0
 WORDS = 64
@@ -67,7 +68,8 @@ def _known_charset(part) -> bool:
 
 def _stratified(labels: list[str], sizes: dict[str, int], rng: np.random.Generator) -> dict[str, list[int]]:
     """Disjoint index lists per split, each with the labels in their overall proportion."""
-    total = sum(sizes.values())
+    if sum(sizes.values()) > len(labels):
+        raise DataError(f"{len(labels)} items cannot fill splits of {sizes}")
     out: dict[str, list[int]] = {split: [] for split in sizes}
     for label in sorted(set(labels)):
         idx = [i for i, x in enumerate(labels) if x == label]
@@ -75,7 +77,7 @@ def _stratified(labels: list[str], sizes: dict[str, int], rng: np.random.Generat
         share = len(idx) / len(labels)
         start = 0
         for split, size in sizes.items():
-            take = int(round(size * share)) if total <= len(labels) else 0
+            take = int(round(size * share))
             out[split].extend(idx[start:start + take])
             start += take
     return {split: sorted(v) for split, v in out.items()}
