@@ -130,11 +130,11 @@ def bar_chart(rows: list[dict], path: str | Path, title: str = "Benchmark") -> P
     cell.update({("average", row["model"]): row for row in rows if row.get("kind") == "average"})
     groups = tasks + (["average"] if any(row.get("kind") == "average" for row in rows) else [])
     width = 0.8 / max(len(models), 1)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(groups) * max(1, len(models)) ** 0.5), 4.5))
+    fig, ax = plt.subplots(figsize=(min(16.0, max(6.0, 1.4 * len(groups) * max(1, len(models)) ** 0.5)), 4.5))
     x = np.arange(len(groups))
     for i, model in enumerate(models):
         got = [cell.get((t, model)) for t in groups]
-        heights = [r["value"] if r else 0.0 for r in got]
+        heights = [r["value"] if r else np.nan for r in got]  # nan: no bar where the model does not apply
         errors = np.clip(np.array([[r["value"] - r["ci_low"], r["ci_high"] - r["value"]]
                                    if r and r.get("ci_low") is not None else [0.0, 0.0] for r in got]).T, 0, None)
         ax.bar(x + (i - (len(models) - 1) / 2) * width, heights, width, label=model, yerr=errors,
