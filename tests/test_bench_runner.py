@@ -39,6 +39,9 @@ def test_quick_suite_reports(quick_run):
     rows = read_results(out / "results.json")
     assert rows == json.loads(json.dumps(report.rows))
     assert all(ROW_KEYS <= set(r) for r in rows)
+    averages = [r for r in rows if r["kind"] == "average"]
+    assert [r["model"] for r in averages] == ["bow-128", "bow-32"]
+    rows = [r for r in rows if r["kind"] != "average"]
     assert {r["task"] for r in rows} == set(list_suites()["quick"])
     assert {r["model"] for r in rows} == {"bow-128", "bow-32"}
     for r in rows:
@@ -46,6 +49,7 @@ def test_quick_suite_reports(quick_run):
         assert -1 <= r["value"] <= 1 and r["versions"]["numpy"]
     mains = [r for r in rows if r["main"]]
     assert len(mains) == 2 * len(list_suites()["quick"])
+    assert all(r["ci_low"] <= r["value"] <= r["ci_high"] for r in mains + averages)
     md = (out / "results.md").read_text()
     assert md == report.markdown
     assert "| task | metric | bow-128 | bow-32 |" in md and "**average**" in md and "wiki-retrieval | ndcg@10" in md
@@ -140,7 +144,7 @@ def test_a_failing_model_keeps_the_results_before_it(tmp_path):
 def test_limit_and_duplicate_names(tmp_path):
     report = run_bench([HashEncoder("x"), HashEncoder("x", seed=3)], tasks=["polarity-classification"],
                        out_dir=tmp_path, limit=20, show_progress=False)
-    assert {r["n"] for r in report.rows} == {20}
+    assert {r["n"] for r in report.rows if r["kind"] != "average"} == {20}
     assert {r["model"] for r in report.rows} == {"x", "x #2"}
 
 
@@ -187,7 +191,7 @@ def test_baselines_from_a_converted_run(tmp_path):
         return HashEncoder(spec.display, seed=len(loaded))
 
     report = run_bench([str(run)], tasks=[str(make_similarity(tmp_path / "s"))], out_dir=tmp_path / "o",
-                       baselines=True, loader=loader, max_length=128, show_progress=False)
+                       baselines=True, references=False, loader=loader, max_length=128, show_progress=False)
     specs = [s for s, _ in loaded]
     assert [s.source for s in specs] == [str(run)] + ["org/decoder"] * 3
     assert [(s.pooling, s.bidirectional) for s in specs[1:]] == [("mean", False), ("last", False), ("mean", True)]
@@ -214,6 +218,10 @@ def test_list_suites():
     assert suites["quick"] == ["lee-similarity", "polarity-classification", "newsgroup-classification",
                                "newsgroup-clustering", "wiki-retrieval"]
     assert "SciFact" in suites["mteb-lite"] and len(suites["mteb-lite"]) == 6
+    assert len(suites["standard"]) >= 8 and suites["standard-dev"] == [f"{t}-dev" for t in suites["standard"]]
+    from adapt.bench import SUITE_HELP
+
+    assert set(SUITE_HELP) == set(suites) and all(SUITE_HELP.values())
 
 
 def test_real_tiny_decoder_with_baselines_through_adapt_encoder(tmp_path, tiny_model_dir):
@@ -225,9 +233,10 @@ def test_real_tiny_decoder_with_baselines_through_adapt_encoder(tmp_path, tiny_m
     (converted / "run").mkdir()
     (converted / "run" / "config.yaml").write_text(f"model:\n  source: {tiny_model_dir}\n")
     task = str(make_similarity(tmp_path / "s"))
-    report = run_bench([str(converted)], tasks=[task], out_dir=tmp_path / "o", baselines=True,
+    report = run_bench([str(converted)], tasks=[task], out_dir=tmp_path / "o", baselines=True, references=False,
                        show_progress=False, max_length=32)
-    assert len(report.rows) == 4 and all(np.isfinite(r["value"]) for r in report.rows)
+    scores = [r for r in report.rows if r["kind"] != "average"]
+    assert len(scores) == 4 and all(np.isfinite(r["value"]) for r in report.rows)
     cached = sorted(p.parent.name for p in (tmp_path / "o" / "cache").rglob("*.npy"))
     assert len(set(cached)) == 4  # four distinct models: four cache folders
 
@@ -259,8 +268,8 @@ def test_scores_go_into_the_model_card_of_an_adapt_encoder(tmp_path, tiny_model_
     run_bench([str(enc)], tasks=[task], out_dir=tmp_path / "o0", show_progress=False, max_length=32,
               update_cards=False)
     assert (enc / "README.md").read_text() == before
-    report = run_bench([str(enc)], tasks=[task], out_dir=tmp_path / "o", baselines=True, show_progress=False,
-                       max_length=32)
+    report = run_bench([str(enc)], tasks=[task], out_dir=tmp_path / "o", baselines=True, references=False,
+                       show_progress=False, max_length=32)
     card = (enc / "README.md").read_text()
     mine = report.value("enc", "s")
     assert f"| s (spearman) | {mine:.3f}; tiny-llama (causal, mean): " in card and "| objective | mlm |" in card

@@ -2,8 +2,11 @@
 
 Entry points: :func:`run_bench` (score models, write results.json/.md/.png) and
 :func:`list_suites`. Modules: ``metrics`` (pure numpy scores), ``tasks`` (in-memory tasks),
-``quick`` (the offline suite), ``folders`` (user task folders), ``mteb_tasks`` (MTEB by name),
-``models`` (model specs and baselines), ``cache`` (embeddings), ``report``, ``runner``.
+``quick`` (the small offline suite), ``standard`` (the offline suite with dev/test splits: tasks in
+``std_wordnet``, ``std_reference``, ``std_text``, packaged data located by ``sources``),
+``folders`` (user task folders), ``mteb_tasks`` (MTEB by name), ``models`` (model specs,
+baselines, references), ``bm25`` (the BM25 baseline), ``stats`` (bootstrap intervals, paired
+tests), ``cache`` (embeddings), ``report``, ``runner``. How to use them: ``adapt/bench/README.md``.
 """
 from adapt.bench.models import ModelSpec, baseline_specs
 from adapt.bench.report import BenchReport

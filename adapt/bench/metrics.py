@@ -51,22 +51,29 @@ def rank_corpus(query_emb: np.ndarray, corpus_emb: np.ndarray, k: int) -> np.nda
     return out
 
 
-def retrieval_scores(query_ids: Sequence[str], query_emb: np.ndarray, corpus_ids: Sequence[str],
-                     corpus_emb: np.ndarray, qrels: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
-    """Mean nDCG@10, MRR@10 and Recall@100 over the queries that have at least one relevant document."""
-    top = rank_corpus(query_emb, corpus_emb, 100)
+def retrieval_per_query(query_ids: Sequence[str], top: np.ndarray, corpus_ids: Sequence[str],
+                        qrels: Mapping[str, Mapping[str, float]]) -> dict[str, np.ndarray]:
+    """Per-query nDCG@10, MRR@10 and Recall@100 of a ranking ``top`` (Q, k) of corpus indices, over the
+    queries that have at least one relevant document (in ``query_ids`` order)."""
     per_metric: dict[str, list[float]] = {"ndcg@10": [], "mrr@10": [], "recall@100": []}
     for qi, qid in enumerate(query_ids):
         judged = qrels.get(qid, {})
         if not any(r > 0 for r in judged.values()):
             continue
-        ranked = [corpus_ids[j] for j in top[qi]]
+        ranked = [corpus_ids[j] for j in top[qi] if j >= 0]  # -1: nothing retrieved at that rank
         per_metric["ndcg@10"].append(ndcg_at_k(ranked, judged, 10))
         per_metric["mrr@10"].append(mrr_at_k(ranked, judged, 10))
         per_metric["recall@100"].append(recall_at_k(ranked, judged, 100))
     if not per_metric["ndcg@10"]:
         raise ValueError("no query has a relevant document")
-    return {name: float(np.mean(values)) for name, values in per_metric.items()}
+    return {name: np.asarray(values) for name, values in per_metric.items()}
+
+
+def retrieval_scores(query_ids: Sequence[str], query_emb: np.ndarray, corpus_ids: Sequence[str],
+                     corpus_emb: np.ndarray, qrels: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    """Mean nDCG@10, MRR@10 and Recall@100 over the queries that have at least one relevant document."""
+    per_query = retrieval_per_query(query_ids, rank_corpus(query_emb, corpus_emb, 100), corpus_ids, qrels)
+    return {name: float(np.mean(values)) for name, values in per_query.items()}
 
 
 def accuracy(y_true: Sequence, y_pred: Sequence) -> float:
@@ -83,7 +90,14 @@ def macro_f1(y_true: Sequence, y_pred: Sequence) -> float:
 
 def classification_scores(train_emb: np.ndarray, train_labels: Sequence, test_emb: np.ndarray,
                           test_labels: Sequence, seed: int = SEED) -> dict[str, float]:
-    """Logistic regression on frozen embeddings: accuracy and macro-F1 on the test split.
+    """Logistic regression on frozen embeddings: accuracy and macro-F1 on the test split."""
+    pred = classification_predictions(train_emb, train_labels, test_emb, seed)
+    return {"accuracy": accuracy(test_labels, pred), "macro_f1": macro_f1(test_labels, pred)}
+
+
+def classification_predictions(train_emb: np.ndarray, train_labels: Sequence, test_emb: np.ndarray,
+                               seed: int = SEED) -> np.ndarray:
+    """Test-split predictions of a logistic regression fitted on frozen training embeddings.
 
     Embeddings are L2-normalised and standardised with statistics of the training split, so decoders
     whose hidden states have a few huge dimensions are compared fairly with trained encoders.
@@ -94,8 +108,7 @@ def classification_scores(train_emb: np.ndarray, train_labels: Sequence, test_em
     scaler = StandardScaler().fit(_unit(train_emb))
     clf = LogisticRegression(max_iter=2000, random_state=seed)
     clf.fit(scaler.transform(_unit(train_emb)), np.asarray(train_labels))
-    pred = clf.predict(scaler.transform(_unit(test_emb)))
-    return {"accuracy": accuracy(test_labels, pred), "macro_f1": macro_f1(test_labels, pred)}
+    return clf.predict(scaler.transform(_unit(test_emb)))
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
@@ -126,11 +139,14 @@ def v_measure(labels_true: Sequence, labels_pred: Sequence) -> float:
 
 def clustering_scores(emb: np.ndarray, labels: Sequence, seed: int = SEED) -> dict[str, float]:
     """k-means (k = number of gold labels, fixed seed) on unit embeddings, scored by V-measure."""
+    return {"v_measure": v_measure(labels, cluster_ids(emb, len(set(labels)), seed))}
+
+
+def cluster_ids(emb: np.ndarray, k: int, seed: int = SEED) -> np.ndarray:
+    """k-means cluster of each row of ``emb`` (unit-normalised first; 10 inits, fixed seed)."""
     from sklearn.cluster import KMeans
 
-    k = len(set(labels))
-    pred = KMeans(n_clusters=k, n_init=10, random_state=seed).fit_predict(_unit(emb))
-    return {"v_measure": v_measure(labels, pred)}
+    return KMeans(n_clusters=k, n_init=10, random_state=seed).fit_predict(_unit(emb))
 
 
 def _unit(x: np.ndarray) -> np.ndarray:

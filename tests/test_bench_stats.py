@@ -1,0 +1,97 @@
+"""Bootstrap intervals and paired tests on synthetic per-item scores (adapt.bench.stats)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from adapt.bench import metrics, stats
+from adapt.bench.stats import ItemScores
+
+
+def _correct(n: int, accuracy: float, seed: int = 0) -> np.ndarray:
+    return (np.random.default_rng(seed).random(n) < accuracy).astype(float)
+
+
+def test_identical_systems_are_not_significant():
+    items = ItemScores("mean", _correct(400, 0.7))
+    a, b = stats.bootstrap(items, "t"), stats.bootstrap(ItemScores("mean", items.values.copy()), "t")
+    assert np.array_equal(a, b)  # same items, same resamples
+    assert stats.paired_p_value(a, b) == 1.0 and stats.paired_p_value(a, b, 0.0) == 1.0
+
+
+def test_a_clearly_better_system_is_significant_and_a_close_one_is_not():
+    base = _correct(500, 0.6, seed=1)
+    better = base.copy()
+    better[np.flatnonzero(base == 0)[:60]] = 1.0  # 60 more items right: +0.12 accuracy
+    close = base.copy()
+    close[np.flatnonzero(base == 0)[:2]] = 1.0  # +0.004
+    d_base = stats.bootstrap(ItemScores("mean", base), "t")
+    assert stats.paired_p_value(stats.bootstrap(ItemScores("mean", better), "t"), d_base, 0.12) < 0.001
+    assert stats.paired_p_value(stats.bootstrap(ItemScores("mean", close), "t"), d_base, 0.004) > 0.05
+
+
+def test_interval_contains_the_estimate_and_narrows_with_n():
+    widths = []
+    for n in (100, 1600):
+        items = ItemScores("mean", _correct(n, 0.7, seed=n))
+        low, high = stats.interval(stats.bootstrap(items, f"t{n}"), items.value())
+        assert low < items.value() < high and 0 <= low and high <= 1
+        widths.append(high - low)
+    assert 3 < widths[0] / widths[1] < 5  # about sqrt(16)
+
+
+def test_resamples_depend_on_the_task_only():
+    assert np.array_equal(stats.resample_indices(50, "a"), stats.resample_indices(50, "a"))
+    assert not np.array_equal(stats.resample_indices(50, "a"), stats.resample_indices(50, "b"))
+    assert stats.resample_indices(50, "a").shape == (stats.B, 50)
+
+
+def test_item_statistics_match_the_metrics():
+    rng = np.random.default_rng(0)
+    gold = rng.random(200)
+    pred = gold + rng.normal(0, 0.3, 200)
+    sim = ItemScores("spearman", np.stack([pred, gold], axis=1))
+    assert sim.value() == pytest.approx(metrics.spearman(pred, gold))
+    labels = rng.integers(0, 4, 300)
+    clusters = np.where(rng.random(300) < 0.7, labels, rng.integers(0, 4, 300))
+    clu = ItemScores("v_measure", np.stack([labels, clusters], axis=1))
+    assert clu.value() == pytest.approx(metrics.v_measure(labels, clusters))
+    for items in (sim, clu):  # the drift-corrected interval stays around the score
+        low, high = stats.interval(stats.bootstrap(items, "x"), items.value())
+        assert low < items.value() < high
+    with pytest.raises(ValueError):
+        ItemScores("median", [1.0])
+
+
+def test_summaries_and_averages():
+    tasks = ["r", "c"]
+    items = {("ref", "r"): _correct(300, 0.5, 1), ("ref", "c"): _correct(300, 0.5, 2),
+             ("good", "r"): np.maximum(_correct(300, 0.5, 1), _correct(300, 0.5, 3)),
+             ("good", "c"): _correct(300, 0.5, 2), ("bm25", "r"): _correct(300, 0.4, 4)}
+    dists = {k: stats.bootstrap(ItemScores("mean", v), k[1]) for k, v in items.items()}
+    values = {k: float(v.mean()) for k, v in items.items()}
+    cells, averages = stats.summarize(dists, values, "ref", tasks)
+    assert cells[("ref", "r")].p_value is None and not cells[("ref", "r")].significant
+    assert cells[("good", "r")].significant and not cells[("good", "c")].significant
+    assert cells[("good", "c")].p_value == 1.0
+    assert set(averages) == {"ref", "good"}  # bm25 has no score on c: no average
+    assert averages["good"].value == pytest.approx((values[("good", "r")] + values[("good", "c")]) / 2)
+    assert averages["good"].significant and averages["good"].low < averages["good"].value < averages["good"].high
+
+
+def test_annotate_adds_intervals_tests_and_average_rows():
+    rows = [{"model": m, "task": t, "kind": "classification", "metric": metric, "value": v, "main": metric == "accuracy",
+             "n": 300, "seconds": 1.0, "spec": None, "versions": {}}
+            for m, seed in (("ref", 1), ("other", 5)) for t in ("a", "b")
+            for metric, v in (("accuracy", float(_correct(300, 0.6, seed + len(t)).mean())), ("macro_f1", 0.5))]
+    items = {(m, t): ItemScores("mean", _correct(300, 0.6, seed + len(t))) for m, seed in (("ref", 1), ("other", 5))
+             for t in ("a", "b")}
+    out = stats.annotate(rows, items, "ref", ["a", "b"])
+    assert len(out) == len(rows) + 2 and rows[0].get("ci_low") is None  # the input rows are not changed
+    main = [r for r in out if r["main"]]
+    assert all(r["ci_low"] <= r["value"] <= r["ci_high"] for r in main)
+    assert all(r["p_value"] is None for r in main if r["model"] == "ref")
+    assert all(0 <= r["p_value"] <= 1 and r["delta"] is not None for r in main if r["model"] == "other")
+    averages = [r for r in out if r["kind"] == "average"]
+    assert [r["model"] for r in averages] == ["ref", "other"] and not any(r["main"] for r in averages)
+    assert all("ci_low" not in r for r in out if r["metric"] == "macro_f1")
