@@ -248,10 +248,12 @@ def classify(model_dir, texts, input_path, output_path, field, batch_size):
 
 @main.command()
 @click.argument("models", nargs=-1, required=True)
-@click.option("--suite", help="Task suite: quick (offline, real text) or mteb-lite (needs a network).")
+@click.option("--suite", help="Task suite: quick (offline, minutes), standard (offline, 8 tasks, test split), "
+              "standard-dev (its dev split: choose recipes there), mteb-lite (needs a network).")
 @click.option("--task", "tasks", multiple=True, help="A task name, or a task folder (BEIR retrieval, train/test jsonl, pairs.jsonl). Repeatable.")
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), default="bench-results", show_default=True)
-@click.option("--baselines", is_flag=True, help="Also score each converted model's source decoder: causal (mean, last token) and bidirectional untrained.")
+@click.option("--baselines", is_flag=True, help="Also score each converted model's source decoder (causal: mean and "
+              "last token; bidirectional untrained), BM25 on retrieval tasks and all-MiniLM-L6-v2 as a reference.")
 @click.option("--source", help="Source decoder for --baselines (default: read from MODEL/run/config.yaml).")
 @click.option("--batch-size", type=int, default=32, show_default=True)
 @click.option("--max-length", type=int, default=256, show_default=True)

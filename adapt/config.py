@@ -147,7 +147,8 @@ class TrainConfig:
     trackers: list[str] = _help("Accelerate trackers: tensorboard, wandb (used when installed)", default_factory=list)
     best_metric: str | None = _help("keep the weights of the evaluation where this eval metric was best (e.g. "
                                     "eval/macro_f1; a name ending in _loss is minimised, others maximised); null: "
-                                    "the last weights", None)
+                                    "the last weights. Kept in memory: a resumed run tracks the best from where it "
+                                    "resumed", None)
     patience: int = _help("with best_metric: stop after this many evaluations without improvement (0: never)", 0)
 
     def __post_init__(self):
