@@ -275,6 +275,8 @@ def test_scores_go_into_the_model_card_of_an_adapt_encoder(tmp_path, tiny_model_
     assert f"| s (spearman) | {mine:.3f}; tiny-llama (causal, mean): " in card and "| objective | mlm |" in card
     bench = json.loads((enc / MANIFEST).read_text())["card"]["bench"]
     assert list(bench) == ["s (spearman)"] and "(bidirectional, mean, untrained)" in bench["s (spearman)"]
+    assert len(report.verdicts) == 1 and report.verdicts[0].startswith("verdict: enc vs tiny-llama (causal, ")
+    assert report.markdown.rstrip().endswith(report.verdicts[0])
 
 
 def test_cli_runs_the_suite_and_the_named_tasks_together(monkeypatch):

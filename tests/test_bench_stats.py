@@ -95,3 +95,35 @@ def test_annotate_adds_intervals_tests_and_average_rows():
     averages = [r for r in out if r["kind"] == "average"]
     assert [r["model"] for r in averages] == ["ref", "other"] and not any(r["main"] for r in averages)
     assert all("ci_low" not in r for r in out if r["metric"] == "macro_f1")
+
+
+# ---- the verdict line -----------------------------------------------------------------------------
+
+def _evidence(values):
+    from adapt.bench.stats import ItemScores
+
+    return ItemScores("mean", np.asarray(values, dtype=float))
+
+
+def test_verdict_compares_with_the_better_causal_baseline_and_sorts_kinds():
+    from adapt.bench.verdict import line, verdicts
+
+    rng = np.random.default_rng(0)
+    base = rng.random((3, 400))
+    tasks = {"r": "retrieval", "c": "classification", "s": "similarity"}
+    scores = {  # the encoder: clearly above on retrieval, level on classification, clearly below on similarity
+        "enc": {"r": base[0] + 0.3, "c": base[1] + rng.normal(0, 0.01, 400), "s": base[2] - 0.3},
+        "src (causal, mean)": {"r": base[0], "c": base[1], "s": base[2]},
+        "src (causal, last)": {"r": base[0] - 0.2, "c": base[1] - 0.2, "s": base[2] - 0.2},  # worse: not chosen
+        "src (bidirectional, mean, untrained)": {"r": base[0] + 1, "c": base[1] + 1, "s": base[2] + 1},  # not causal
+    }
+    items = {(m, t): _evidence(v) for m, per in scores.items() for t, v in per.items()}
+    rows = [{"model": m, "task": t, "kind": tasks[t], "metric": "x", "value": float(np.mean(v)), "main": True}
+            for m, per in scores.items() for t, v in per.items()]
+    [result] = verdicts(rows, items, {"enc": [m for m in scores if m != "enc"]})
+    assert result["against"] == "src (causal, mean)"
+    assert result["delta"] == pytest.approx(0.0, abs=0.01) and result["low"] < 0 < result["high"]
+    text = line(result)
+    assert text.startswith("verdict: enc vs src (causal, mean): average")
+    assert "ahead: retrieval" in text and "behind: similarity" in text and "level: classification" in text
+    assert verdicts(rows, items, {}) == []

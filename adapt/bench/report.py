@@ -40,6 +40,7 @@ class BenchReport:
     paths: dict[str, Path] = field(default_factory=dict)
     cache_hits: int = 0  # text groups whose embeddings came from OUT/cache
     cache_misses: int = 0  # text groups that were encoded
+    verdicts: list[str] = field(default_factory=list)  # one line per converted model vs its source (adapt.bench.verdict)
 
     def value(self, model: str, task: str, metric: str | None = None) -> float | None:
         """One score: the task's main metric unless ``metric`` is given."""

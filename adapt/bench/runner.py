@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from adapt.bench import quick, standard, stats
+from adapt.bench import quick, standard, stats, verdict
 from adapt.bench.bm25 import BM25Baseline
 from adapt.bench.cache import EmbeddingCache, embed
 from adapt.bench.folders import is_task_folder, load_task_folder
@@ -22,6 +22,7 @@ from adapt.bench.models import (Loader, baseline_specs, default_loader, default_
                                 expand_models)
 from adapt.bench.report import BenchReport, versions, write_reports
 from adapt.bench.tasks import Task
+from adapt.io_utils import atomic_write_text
 from adapt.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -190,24 +191,43 @@ def run_bench(models: list, *, suite: str | None = "quick", tasks: list | None =
         bar.close()
     report = write_reports(stats.annotate(rows, items, reference, names), out_dir, title)
     report.cache_hits, report.cache_misses = cache.hits, cache.misses
+    if baselines:
+        report.verdicts = [verdict.line(v) for v in verdict.verdicts(report.rows, items,
+                                                                      _baselines_of(entries, display, source))]
+        if report.verdicts:
+            report.markdown += "\n" + "\n".join(report.verdicts) + "\n"
+            atomic_write_text(report.paths["markdown"], report.markdown)
     if update_cards:
         _update_cards(entries, display, report, source)
     return report
+
+
+def _baselines_of(entries, display, source: str | None) -> dict[str, list[str]]:
+    """Display name of each converted model -> the display names of its scored source baselines."""
+    name_of = {spec.canonical(): name for (spec, _), name in zip(entries, display) if spec is not None}
+    out = {}
+    for (spec, _), name in zip(entries, display):
+        if spec is None or not Path(spec.source).is_dir() or spec.bidirectional is False:
+            continue
+        try:
+            found = [name_of[b.canonical()] for b in baseline_specs(spec, source) if b.canonical() in name_of]
+        except ConfigError:  # not a converted run: no source to compare with
+            continue
+        if found:
+            out[name] = found
+    return out
 
 
 def _update_cards(entries, display, report: BenchReport, source: str | None) -> None:
     """Write each benchmarked adapt encoder's main scores (and its baselines', when scored) into its model card."""
     from adapt.export import record_bench
 
-    name_of = {spec.canonical(): name for (spec, _), name in zip(entries, display) if spec is not None}
+    baselines = _baselines_of(entries, display, source)
     metric = {row["task"]: row["metric"] for row in report.rows if row["main"]}
     for (spec, _), name in zip(entries, display):
         if spec is None or not Path(spec.source).is_dir() or spec.bidirectional is False:
             continue
-        try:
-            others = [name_of[b.canonical()] for b in baseline_specs(spec, source) if b.canonical() in name_of]
-        except ConfigError:  # not a converted run: no baselines to show
-            others = []
+        others = baselines.get(name, [])
         scores = {}
         for task in metric:
             mine = report.value(name, task)
@@ -218,7 +238,6 @@ def _update_cards(entries, display, report: BenchReport, source: str | None) -> 
                 f"; {other}: {value:.3f}" for other, value in rest if value is not None)
         if record_bench(spec.source, scores):
             log.info("benchmark results recorded in %s/README.md", spec.source)
-
 
 def _score(task, encoder, cache: EmbeddingCache, key: str, name: str, batch_size: int):
     """(metric -> value, main metric, n, kind, per-item evidence or None) of one model on one task;

@@ -1,0 +1,67 @@
+"""One line per converted encoder: is it better than the decoder it came from, beyond the noise?
+
+The encoder is compared with its source as a causal model under the source's best pooling (the
+higher average of the mean- and last-token-pooled baselines): the change of the average over tasks
+with its paired bootstrap 95% interval (the same resamples for both models, ``adapt.bench.stats``),
+then, per task kind, whether the encoder is ahead or behind (the kind's average change, its
+interval excluding 0) or level with it (the interval holding 0).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from adapt.bench import stats
+
+CAUSAL_MARKERS = ("(causal, mean)", "(causal, last)")
+
+
+def _average_dist(model: str, tasks: list[str], dists: dict) -> np.ndarray:
+    return np.mean([dists[(model, t)] for t in tasks], axis=0)
+
+
+def compare(model: str, other: str, tasks: list[str], kinds: dict[str, str], values: dict, dists: dict) -> dict:
+    """The paired change of ``model`` against ``other`` over ``tasks``: overall and per task kind."""
+    def change(subset):
+        observed = float(np.mean([values[(model, t)] - values[(other, t)] for t in subset]))
+        diff = _average_dist(model, subset, dists) - _average_dist(other, subset, dists)
+        low, high = stats.interval(diff, observed)
+        return {"delta": observed, "low": low, "high": high}
+
+    out = {"model": model, "against": other, "tasks": len(tasks), **change(tasks), "kinds": {}}
+    for kind in sorted(set(kinds[t] for t in tasks)):
+        out["kinds"][kind] = change([t for t in tasks if kinds[t] == kind])
+    return out
+
+
+def line(result: dict) -> str:
+    """``verdict: ENC vs SOURCE: average +0.031 [+0.012, +0.050] ...; ahead: ...; behind: ...``."""
+    def sign(x):
+        return f"{x:+.3f}"
+
+    groups = {"ahead": [], "behind": [], "level": []}
+    for kind, c in result["kinds"].items():
+        groups["ahead" if c["low"] > 0 else "behind" if c["high"] < 0 else "level"].append(kind)
+    text = (f"verdict: {result['model']} vs {result['against']}: average {sign(result['delta'])} "
+            f"[{sign(result['low'])}, {sign(result['high'])}] (paired bootstrap 95%, {result['tasks']} tasks)")
+    for name, found in groups.items():
+        if found:
+            text += f"; {name}: {', '.join(found)}"
+    return text
+
+
+def verdicts(rows: list[dict], items: dict, baselines_of: dict[str, list[str]]) -> list[dict]:
+    """For each model with causal source baselines (``baselines_of``: model -> its baselines' names), the
+    comparison against the better-scoring causal baseline, over the tasks both have evidence on."""
+    values = {(r["model"], r["task"]): r["value"] for r in rows if r.get("main")}
+    kinds = {r["task"]: r["kind"] for r in rows if r.get("main")}
+    out = []
+    for model, names in baselines_of.items():
+        causal = [n for n in names if n.endswith(CAUSAL_MARKERS)]
+        tasks = [t for t in dict.fromkeys(r["task"] for r in rows if r.get("main"))
+                 if (model, t) in items and all((n, t) in items for n in causal)]
+        if not causal or not tasks:
+            continue
+        best = max(causal, key=lambda n: np.mean([values[(n, t)] for t in tasks]))
+        dists = {(m, t): stats.bootstrap(items[(m, t)], key=t) for m in (model, best) for t in tasks}
+        out.append(compare(model, best, tasks, kinds, values, dists))
+    return out
