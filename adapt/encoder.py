@@ -301,12 +301,7 @@ def load_encoder(source, *, pooling: str | None = None, bidirectional: bool | No
     if bidirectional is True:
         make_bidirectional(model)
     model.to(device)
-    max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-    if max_length is None:
-        max_length = st.get("max_seq_length")
-    if max_length is None:
-        max_length = tokenizer.model_max_length if tokenizer.model_max_length < 1_000_000 else 512
-        max_length = min(max_length, max_positions or max_length)
+    max_length = _max_length(max_length, st, tokenizer, config)
     pooling = pooling_name(pooling or st.get("pooling") or "mean")
     normalize = bool(st.get("normalize", False) if normalize is None else normalize)
     name = path.name if path.is_dir() else str(source)
@@ -344,7 +339,7 @@ def _load_graph_encoder(path: Path, model_dir: Path, graph: dict, st: dict, *, p
         model = BackendModel(path / graph["file"], graph["name"], config)
     except Exception as err:  # noqa: BLE001 - every failure here is "this is not a model we can load"
         raise ModelLoadError(f"cannot load the {graph['name']} graph of {path}: {type(err).__name__}: {err}") from err
-    max_length = int(max_length or st.get("max_seq_length") or 512)
+    max_length = _max_length(max_length, st, tokenizer, config)
     pooling = pooling_name(pooling or st.get("pooling") or "mean")
     normalize = bool(st.get("normalize", False) if normalize is None else normalize)
     fingerprint = _fingerprint(path, path / Path(graph["file"]).parent, pooling=pooling, backend=graph["name"],
@@ -354,6 +349,17 @@ def _load_graph_encoder(path: Path, model_dir: Path, graph: dict, st: dict, *, p
     return Encoder(model, tokenizer, name=path.name, pooling=pooling, normalize=normalize, max_length=max_length,
                    prompts=st["prompts"], default_prompt_name=st["default_prompt_name"],
                    include_prompt=st["include_prompt"], do_lower_case=st["do_lower_case"], fingerprint=fingerprint)
+
+
+def _max_length(max_length, st: dict, tokenizer, config) -> int:
+    """As asked, else the folder's ``max_seq_length``, else the tokenizer's limit (within the model's positions)."""
+    if max_length is None:
+        max_length = st.get("max_seq_length")
+    if max_length is None:
+        max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+        max_length = tokenizer.model_max_length if tokenizer.model_max_length < 1_000_000 else 512
+        max_length = min(max_length, max_positions or max_length)
+    return int(max_length)
 
 
 def backend_encoder(folder, torch_encoder: Encoder, model) -> Encoder:
