@@ -384,6 +384,11 @@ def _embed_sharded(encoder, stream, n, folder: Path, merge_to: Path | None, *, p
         if merge_to is not None:
             merge_shards(folder, merge_to, manifest=manifest)
     barrier(procs)  # the command ends everywhere with the output in place
+    if procs.main:  # one warning for the texts truncated or empty among those embedded now
+        from adapt.encoder import EncodeStats
+
+        EncodeStats(n=sum(r.embedded for r in runs), truncated=sum(r.truncated for r in runs),
+                    empty=sum(r.empty for r in runs)).warn(encoder.max_length)
     if manifest is None:
         manifest = read_manifest(folder)
     return EmbedSummary(n=run.n, dim=encoder.dim, seconds=round(time.perf_counter() - start, 3),
@@ -398,13 +403,11 @@ def merge_shards(folder, output_path, *, manifest: dict | None = None, verify: b
     """``adapt embed --merge DIR -o FILE``: join a finished shard folder, in input order, into .npy/.parquet/.jsonl
     (ids are input positions), each shard checked against the manifest's checksum."""
     start = time.perf_counter()
-    if output_path is None or str(output_path) == "-":
-        writer_class = None
-    else:
-        writer_class = _writer_class(output_path)
+    to_stdout = output_path is None or str(output_path) == "-"
+    if not to_stdout:
+        _writer_class(output_path)  # a bad extension fails before any shard is read
     manifest = manifest or read_manifest(folder)
-    writer = open_writer(output_path, manifest["dim"], manifest["n"]) if writer_class else \
-        open_writer(None, manifest["dim"])
+    writer = open_writer(None if to_stdout else output_path, manifest["dim"], manifest["n"])
     try:
         for vectors in iter_shards(folder, manifest, verify=verify):
             for at in range(0, len(vectors), 65536):
@@ -417,5 +420,5 @@ def merge_shards(folder, output_path, *, manifest: dict | None = None, verify: b
         raise
     return EmbedSummary(n=manifest["n"], dim=manifest["dim"], seconds=round(time.perf_counter() - start, 3),
                         truncated=manifest["truncated"], empty=manifest["empty"], tokens=manifest["tokens"],
-                        embedded=0, output=str(output_path) if writer_class else "-",
+                        embedded=0, output="-" if to_stdout else str(output_path),
                         backend=manifest.get("backend", "torch"), shards=str(folder))

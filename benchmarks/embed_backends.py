@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # this checkout's adapt
 from embed_throughput import PeakRSS, lee_texts, smollm2_encoder, timed  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -75,7 +76,7 @@ def main(argv=None) -> dict:
     for enc in encoders.values():  # first-call allocations and kernel choices stay out of the timing
         enc.encode(texts[:8], batch_size=4)
     tokens = sum(len(ids) for ids in encoders["torch fp32"].tokenize(texts)[0])
-    times, peaks, vectors = ({k: [] for k in encoders} for _ in range(2)) + ({},)
+    times, peaks, vectors = {k: [] for k in encoders}, {k: [] for k in encoders}, {}
     for rep in range(reps):
         order = list(encoders) if rep % 2 == 0 else list(reversed(encoders))
         for name in order:

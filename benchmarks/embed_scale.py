@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # this checkout's adapt
 from embed_throughput import lee_texts, smollm2_encoder  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
