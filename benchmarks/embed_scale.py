@@ -78,10 +78,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "adapt-bench")
     parser.add_argument("--out", type=Path, default=RESULTS / "embed_scale.json")
     parser.add_argument("--seed", type=int, default=None, help="seed of the random kill point")
+    parser.add_argument("--limit", type=int, help="only the first N texts (a loaded machine)")
     args = parser.parse_args(argv)
     model = args.model or smollm2_encoder(args.workdir)
     work = Path(tempfile.mkdtemp(prefix="embed-scale-", dir=args.workdir))
-    texts = lee_texts(args.quick)
+    texts = lee_texts(args.quick)[:args.limit]
     (work / "texts.txt").write_text("".join(t.replace("\n", " ") + "\n" for t in texts), encoding="utf-8")
     a = (model, work / "texts.txt")
     one = run(1, *a, work / "one", args.shard_size)
