@@ -157,7 +157,8 @@ def _prompts(items):
 @click.option("--backend", type=click.Choice(["torch", "onnx", "openvino"]), default="torch", show_default=True,
               help="Also write an ONNX or OpenVINO graph (SentenceTransformer(DIR, backend=...)); checked: probe and "
               "cosine vs torch.")
-@click.option("--quantize", type=click.Choice(["int8"]), help="int8 graph (onnxruntime dynamic / NNCF weights).")
+@click.option("--quantize", type=click.Choice(["int8", "int8-weights"]), help="int8: ONNX dynamic int8 (fastest), "
+              "OpenVINO int8 weights; int8-weights: int8 weights only (ONNX: slower, closer to fp32).")
 @_friendly
 def export(source, out, pooling, normalize, max_seq_length, dtype, prompts, backend, quantize):
     """Write an embedding encoder from SOURCE: a converted run or an encoder, or a training checkpoint

@@ -227,6 +227,16 @@ def test_openvino_int8_export_per_family(family, tmp_path):
     assert probe(load_encoder(folder).model).bidirectional
 
 
+def test_onnx_int8_weights_only(tmp_path):
+    folder = _family_export("llama", tmp_path)
+    record = add_backend(folder, "onnx", quantize="int8-weights")
+    assert record["probe"]["bidirectional"] and record["parity"]["min_cosine"] > 0.99, record
+    import onnx
+
+    ops = {node.op_type for node in onnx.load(str(folder / "onnx/model.onnx")).graph.node}
+    assert "MatMulNBits" in ops and "DynamicQuantizeLinear" not in ops
+
+
 def test_export_cli_with_backend_and_embed_uses_it(encoder_dir, tmp_path):
     runner = CliRunner()
     out = tmp_path / "onnx-int8"
