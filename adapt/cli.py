@@ -3,8 +3,8 @@
     adapt convert MODEL -o OUT [--preset NAME] [--data PATH ...] [--objective mlm|mntp|clm] [--tuning full|lora|qlora]
     adapt presets [NAME] [--path]   list presets, or show one (or its file; accelerate/NAME: an Accelerate config)
     adapt probe MODEL               is this model bidirectional?
-    adapt export SOURCE -o DIR      write an embedding encoder with another pooling or dtype
-    adapt embed ENCODER [TEXT ...]  embed text
+    adapt export SOURCE -o DIR      write an embedding encoder with another pooling or dtype [--backend onnx|openvino]
+    adapt embed ENCODER [TEXT ...]  embed text [-o DIR/: resumable shards; torchrun: several processes]
     adapt finetune ENCODER --data TRAIN -o DIR / adapt classify DIR --input FILE
     adapt bench MODEL [MODEL ...]   retrieval, classification and similarity, side by side
 
@@ -154,49 +154,85 @@ def _prompts(items):
 @click.option("--max-seq-length", type=int, help="Encoder max sequence length.")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="Saved dtype.")
 @click.option("--prompt", "prompts", multiple=True, metavar="NAME=TEXT", help="Named prompt, e.g. query='query: '.")
+@click.option("--backend", type=click.Choice(["torch", "onnx", "openvino"]), default="torch", show_default=True,
+              help="Also write an ONNX or OpenVINO graph (SentenceTransformer(DIR, backend=...)); checked: probe and "
+              "cosine vs torch.")
+@click.option("--quantize", type=click.Choice(["int8", "int8-weights"]), help="int8: ONNX dynamic int8 (fastest), "
+              "OpenVINO int8 weights; int8-weights: int8 weights only (ONNX: slower, closer to fp32).")
 @_friendly
-def export(source, out, pooling, normalize, max_seq_length, dtype, prompts):
+def export(source, out, pooling, normalize, max_seq_length, dtype, prompts, backend, quantize):
     """Write an embedding encoder from SOURCE: a converted run or an encoder, or a training checkpoint
-    (OUT/run/checkpoints/step-N; OUT/run/checkpoints for the newest), rebuilt from the run's config."""
+    (OUT/run/checkpoints/step-N; OUT/run/checkpoints for the newest), rebuilt from the run's config.
+    With --backend onnx|openvino the folder also holds that graph, and `adapt embed` runs it."""
     from adapt.rebuild import export_from_path
 
+    if quantize and backend == "torch":
+        raise click.UsageError("--quantize needs --backend onnx or openvino")
     path = export_from_path(source, out, pooling=pooling, normalize=normalize, max_seq_length=max_seq_length,
-                            prompts=_prompts(prompts), dtype=dtype)
+                            prompts=_prompts(prompts), dtype=dtype, backend=backend, quantize=quantize)
     click.echo(f"exported {source} -> {path} (probe: bidirectional)")
+    if backend != "torch":
+        from adapt.backends import folder_backend
+        from adapt.backend_export import describe
+
+        click.echo(f"  {describe(folder_backend(path))}")
 
 
 @main.command()
-@click.argument("encoder")
+@click.argument("encoder", required=False)
 @click.argument("texts", nargs=-1)
 @click.option("-i", "--input", "input_path", type=click.Path(dir_okay=False), help="Texts: .txt (a line each), .jsonl, .csv, .parquet; - for stdin.")
-@click.option("-o", "--output", "output_path", type=click.Path(dir_okay=False), help="Vectors: .npy, .parquet or .jsonl (default: jsonl on stdout).")
+@click.option("-o", "--output", "output_path", type=click.Path(), help="Vectors: .npy, .parquet or .jsonl (default: jsonl "
+              "on stdout), or a folder (DIR/) of resumable shards + manifest.")
 @click.option("--field", default="text", show_default=True, help="Field/column of the text in jsonl, csv and parquet.")
 @click.option("--prompt", "prompt_name", help="Prompt name stored in the encoder (e.g. query).")
 @click.option("--batch-size", type=int, default=32, show_default=True)
 @click.option("--max-length", type=int, help="Truncate texts to this many tokens (counted in a warning).")
 @click.option("--normalize/--no-normalize", default=None, help="L2-normalize (default: as the encoder says).")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto", show_default=True)
-@click.option("--device", help="cpu, cuda, cuda:1, mps (default: best available).")
+@click.option("--device", help="cpu, cuda, cuda:1, mps (default: best available; one GPU per process).")
+@click.option("--backend", type=click.Choice(["torch", "onnx", "openvino"]), help="Default: the graph ENCODER holds "
+              "(adapt export --backend), else torch.")
+@click.option("--shards", is_flag=True, help="Resumable: -o FILE is merged from shards in FILE.shards/ (always so "
+              "under torchrun / accelerate launch, and with -o DIR/).")
+@click.option("--shard-size", type=int, default=10_000, show_default=True, help="Texts per shard.")
+@click.option("--merge", "merge_dir", type=click.Path(file_okay=False), help="Join the finished shard folder DIR into -o "
+              "FILE in input order (no ENCODER).")
 @click.option("--allow-causal", is_flag=True, help="Embed with a causal model (a decoder never converted) as it is.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @_friendly
 def embed(encoder, texts, input_path, output_path, field, prompt_name, batch_size, max_length, normalize, dtype, device,
-          allow_causal, quiet):
+          backend, shards, shard_size, merge_dir, allow_causal, quiet):
     """Embed TEXT arguments, a file, or stdin with ENCODER; vectors come out in input order.
 
     An empty text is embedded as the tokenizer's empty input (its special tokens, or EOS when it
-    has none) and counted in a warning; it is never dropped, so output rows match input rows."""
-    from adapt.embed_io import embed as run
+    has none) and counted in a warning; it is never dropped, so output rows match input rows.
 
+    Several processes: `torchrun --nproc_per_node N -m adapt embed ENCODER -i FILE -o DIR/` (or
+    `accelerate launch --multi_gpu --num_processes N -m adapt embed ...`): each embeds its share of
+    the shards; a rerun of the same command skips the finished ones."""
+    from adapt.embed_io import embed as run
+    from adapt.embed_io import merge_shards
+
+    if merge_dir:
+        if encoder or texts or input_path:
+            raise click.UsageError("--merge DIR takes no ENCODER, TEXT or --input: it joins DIR's shards into -o FILE")
+        summary = merge_shards(merge_dir, output_path)
+        click.echo(f"merged {summary.n:,} vectors from {merge_dir} -> {summary.output} ({summary.dim} dims)", err=True)
+        return
+    if encoder is None:
+        raise click.UsageError("give ENCODER (or --merge DIR -o FILE)")
     if not texts and input_path is None and not sys.stdin.isatty():
         input_path = "-"
     if not texts and input_path is None:
         raise click.UsageError("give TEXT arguments, --input FILE, or pipe texts on stdin")
     summary = run(encoder, texts=list(texts) or None, input_path=input_path, output_path=output_path, field=field,
                   prompt_name=prompt_name, batch_size=batch_size, max_length=max_length, normalize=normalize,
-                  dtype=dtype, device=device, show_progress=not quiet, allow_causal=allow_causal)
-    if output_path:
+                  dtype=dtype, device=device, show_progress=not quiet, allow_causal=allow_causal, backend=backend,
+                  shards=shards, shard_size=shard_size)
+    if output_path and int(os.environ.get("RANK", 0)) == 0:
         click.echo(f"embedded {summary.n} texts -> {summary.output} ({summary.dim} dims, {summary.seconds:.1f} s)", err=True)
+        click.echo(summary.rate_line(), err=True)
 
 
 @main.command()

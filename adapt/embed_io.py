@@ -29,6 +29,8 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from adapt.bidirectional import attends_causally
+from adapt.embed_shards import (barrier, embed_shards, end_group, gather, iter_shards, pending_rows, processes,
+                                read_manifest, run_key, start_group, write_manifest)
 from adapt.errors import ConfigError, DataError
 from adapt.readers import file_format, iter_lines, iter_records, supported
 
@@ -38,12 +40,28 @@ OUTPUT_FORMATS = (".npy", ".parquet", ".jsonl")
 
 @dataclass
 class EmbedSummary:
-    n: int
+    n: int                      # texts in the input (= output rows)
     dim: int
     seconds: float
     truncated: int
     empty: int
     output: str
+    tokens: int = 0             # tokens embedded in this run (skipped shards not counted)
+    embedded: int = 0           # texts embedded in this run
+    backend: str = "torch"
+    shards: str | None = None   # the shard folder of a sharded run
+    shards_written: int = 0
+    shards_skipped: int = 0
+
+    def rate_line(self) -> str:
+        """The closing line: texts and tokens per second of what this run embedded."""
+        seconds = max(self.seconds, 1e-9)
+        line = (f"embedded {self.embedded:,} texts ({self.tokens:,} tokens) in {self.seconds:.1f} s: "
+                f"{self.embedded / seconds:,.1f} texts/s, {self.tokens / seconds:,.0f} tokens/s ({self.backend})")
+        if self.shards is not None:
+            line += (f"; shards {self.shards_written} written, {self.shards_skipped} already done, in "
+                     f"{self.shards}")
+        return line
 
 
 def read_records(path, fields: tuple[str, ...]) -> Iterator[tuple[str, dict]]:
@@ -224,43 +242,183 @@ def _writer_class(output_path):
     return classes[suffix]
 
 
+def is_shard_folder(output_path) -> bool:
+    """``-o vectors/`` (a trailing slash, a folder that exists, or a name with no extension): shards + manifest."""
+    if output_path is None or str(output_path) == "-":
+        return False
+    path = Path(output_path)
+    return str(output_path).endswith(("/", os.sep)) or path.is_dir() or not path.suffix
+
+
+def count_texts(input_path) -> int | None:
+    """How many texts a file holds, for a progress bar's ETA: exact for text and JSON lines (one cheap pass),
+    Parquet's row count; None for CSV and stdin."""
+    if input_path is None or str(input_path) == "-" or not Path(input_path).is_file():
+        return None
+    kind = file_format(input_path)
+    try:
+        if kind == "text":
+            return sum(1 for _ in iter_lines(input_path))
+        if kind == "jsonl":
+            return sum(1 for _, line in iter_lines(input_path) if line.strip())
+        if kind == "parquet":
+            import pyarrow.parquet as pq
+            return pq.ParquetFile(input_path).metadata.num_rows
+    except Exception:  # noqa: BLE001 - a bad file is reported, with its line, when it is read
+        return None
+    return None
+
+
+def _bar(show: bool, total: int | None, desc: str):
+    if not show:
+        return None
+    from tqdm.auto import tqdm
+    return tqdm(total=total, desc=desc, unit="text", dynamic_ncols=True, smoothing=0.05, file=sys.stderr)
+
+
 def embed(encoder_source, texts: Iterable[str] | None = None, input_path=None, output_path=None, *,
           field: str = "text", prompt_name: str | None = None, batch_size: int = 32, max_length: int | None = None,
           normalize: bool | None = None, dtype="auto", device: str | None = None, show_progress: bool = True,
-          chunk_size: int = 10_000, allow_causal: bool = False) -> EmbedSummary:
+          chunk_size: int = 10_000, allow_causal: bool = False, backend: str | None = None,
+          shards: bool | None = None, shard_size: int = 10_000) -> EmbedSummary:
     """``adapt embed``: encode texts (arguments, a file or stdin) and write the vectors (file or stdout).
 
     A causal model (a decoder never converted: ``is_causal`` is not false) is refused unless
     ``allow_causal``: each of its vectors would see only the text left of each token, silently.
 
-    ``encoder_source`` is anything :func:`adapt.encoder.load_encoder` loads, or an ``Encoder``. Inputs
-    and outputs are checked before the model is loaded, so a typo fails fast.
-    """
-    from adapt.encoder import Encoder, load_encoder
+    ``encoder_source`` is anything :func:`adapt.encoder.load_encoder` loads, or an ``Encoder``; ``backend``
+    None runs the graph an exported folder holds (ONNX/OpenVINO), else torch. Inputs and outputs are
+    checked before the model is loaded, so a typo fails fast.
 
+    Sharded and resumable (:mod:`adapt.embed_shards`) when ``output_path`` is a folder (``vectors/``),
+    when ``shards`` is true (``vectors.npy`` then gets its shards in ``vectors.npy.shards/`` and is
+    merged from them at the end), and always under several processes (``torchrun`` / ``accelerate
+    launch``): each process embeds its share of the shards; a rerun skips the finished ones.
+    """
+    from adapt.encoder import Encoder, backend_of, load_encoder
+
+    procs = processes()
+    sharded = bool(shards) or procs.world > 1 or is_shard_folder(output_path)
+    folder = merge_to = None
+    if sharded:
+        if output_path is None or str(output_path) == "-":
+            raise ConfigError("sharded embedding (several processes, or --shards) writes files: give -o DIR/ "
+                              "(shards + manifest) or -o FILE.npy|.parquet|.jsonl (merged from FILE.shards/)")
+        if procs.world > 1 and texts is None and (input_path is None or str(input_path) == "-"):
+            raise ConfigError("several processes cannot share stdin: give --input FILE")
+        folder, merge_to = (Path(output_path), None) if is_shard_folder(output_path) else \
+            (Path(f"{output_path}.shards"), Path(output_path))
     stream, n = read_texts(input_path, texts, field=field)
-    if output_path is not None and str(output_path) != "-":
-        _writer_class(output_path)
+    if merge_to is not None or (not sharded and output_path is not None and str(output_path) != "-"):
+        _writer_class(merge_to or output_path)
     stream = iter(stream)
     first = next(stream, None)  # opens and checks the input (format, field) before the model loads
     if first is None:
         raise DataError(f"{input_path or 'the input'} holds no texts to embed")
     stream = itertools.chain([first], stream)
+    if n is None and show_progress and procs.main:
+        n = count_texts(input_path)
     start = time.perf_counter()
-    encoder = encoder_source if isinstance(encoder_source, Encoder) else load_encoder(
-        encoder_source, normalize=normalize, dtype=dtype, device=device, max_length=max_length)
-    if not allow_causal and attends_causally(encoder.model):
-        raise ConfigError(f"{encoder.name} is a causal {encoder.model.config.model_type!r} model (config.is_causal is "
-                          "not false): its vectors would see only the text to the left of each token. Convert it "
-                          "first (`adapt convert`), or pass --allow-causal to embed it as it is.")
-    writer = open_writer(output_path, encoder.dim, n)
+    if device is None and procs.world > 1:
+        import torch
+        device = f"cuda:{procs.local_rank}" if torch.cuda.is_available() else None
+    made_group = start_group(procs) if sharded else False
     try:
-        stats = encoder.encode_stream(stream, writer, chunk_size=chunk_size, batch_size=batch_size,
-                                      prompt_name=prompt_name, normalize=normalize, show_progress=show_progress)
+        encoder = encoder_source if isinstance(encoder_source, Encoder) else load_encoder(
+            encoder_source, normalize=normalize, dtype=dtype, device=device, max_length=max_length, backend=backend)
+        if not allow_causal and attends_causally(encoder.model):
+            raise ConfigError(f"{encoder.name} is a causal {encoder.model.config.model_type!r} model (config.is_causal "
+                              "is not false): its vectors would see only the text to the left of each token. Convert "
+                              "it first (`adapt convert`), or pass --allow-causal to embed it as it is.")
+        if sharded:
+            return _embed_sharded(encoder, stream, n, folder, merge_to, procs=procs, start=start,
+                                  prompt_name=prompt_name, normalize=normalize, batch_size=batch_size,
+                                  shard_size=shard_size, show_progress=show_progress,
+                                  source={"model": str(encoder_source if not isinstance(encoder_source, Encoder)
+                                                       else encoder.name),
+                                          "input": str(input_path) if input_path is not None else "arguments",
+                                          "field": field, "prompt_name": prompt_name})
+        writer = open_writer(output_path, encoder.dim, n)
+        bar = _bar(show_progress, n, "embedding")
+        try:
+            stats = encoder.encode_stream(stream, writer, chunk_size=chunk_size, batch_size=batch_size,
+                                          prompt_name=prompt_name, normalize=normalize,
+                                          on_batch=bar.update if bar is not None else None)
+            writer.close()
+        except BaseException:
+            writer.abort()
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+    finally:
+        if made_group:
+            end_group()
+    return EmbedSummary(n=stats.n, dim=encoder.dim, seconds=round(time.perf_counter() - start, 3),
+                        truncated=stats.truncated, empty=stats.empty, tokens=stats.tokens, embedded=stats.n,
+                        output=str(output_path) if output_path not in (None, "-") else "-", backend=backend_of(encoder))
+
+
+def _embed_sharded(encoder, stream, n, folder: Path, merge_to: Path | None, *, procs, start, prompt_name, normalize,
+                   batch_size, shard_size, show_progress, source) -> EmbedSummary:
+    from adapt.encoder import backend_of
+
+    prompt = encoder.resolve_prompt(prompt_name)
+    key = run_key(encoder, backend=backend_of(encoder), prompt=prompt, normalize=normalize, shard_size=shard_size)
+    total = pending_rows(folder, n, shard_size, procs) if n is not None else None
+    bar = _bar(show_progress and procs.main,
+               total, f"embedding (process 0 of {procs.world})" if procs.world > 1 else "embedding")
+    try:
+        run = embed_shards(encoder, stream, folder, procs=procs, key=key, shard_size=shard_size,
+                           batch_size=batch_size, prompt=prompt, normalize=normalize,
+                           progress=bar.update if bar is not None else None)
+    finally:
+        if bar is not None:
+            bar.close()
+    runs = gather(procs, run)  # also the barrier: every shard is written
+    manifest = None
+    if procs.main:
+        manifest = write_manifest(folder, n=run.n, shard_size=shard_size, key=key,
+                                  extra={**source, "encoder": encoder.name, "backend": backend_of(encoder),
+                                         "processes": procs.world})
+        if merge_to is not None:
+            merge_shards(folder, merge_to, manifest=manifest)
+    barrier(procs)  # the command ends everywhere with the output in place
+    if procs.main:  # one warning for the texts truncated or empty among those embedded now
+        from adapt.encoder import EncodeStats
+
+        EncodeStats(n=sum(r.embedded for r in runs), truncated=sum(r.truncated for r in runs),
+                    empty=sum(r.empty for r in runs)).warn(encoder.max_length)
+    if manifest is None:
+        manifest = read_manifest(folder)
+    return EmbedSummary(n=run.n, dim=encoder.dim, seconds=round(time.perf_counter() - start, 3),
+                        truncated=manifest["truncated"], empty=manifest["empty"],
+                        tokens=sum(r.tokens for r in runs), embedded=sum(r.embedded for r in runs),
+                        output=str(merge_to or folder), backend=backend_of(encoder), shards=str(folder),
+                        shards_written=sum(r.written_shards for r in runs),
+                        shards_skipped=sum(r.skipped_shards for r in runs))
+
+
+def merge_shards(folder, output_path, *, manifest: dict | None = None, verify: bool = True) -> EmbedSummary:
+    """``adapt embed --merge DIR -o FILE``: join a finished shard folder, in input order, into .npy/.parquet/.jsonl
+    (ids are input positions), each shard checked against the manifest's checksum."""
+    start = time.perf_counter()
+    to_stdout = output_path is None or str(output_path) == "-"
+    if not to_stdout:
+        _writer_class(output_path)  # a bad extension fails before any shard is read
+    manifest = manifest or read_manifest(folder)
+    writer = open_writer(None if to_stdout else output_path, manifest["dim"], manifest["n"])
+    try:
+        for vectors in iter_shards(folder, manifest, verify=verify):
+            for at in range(0, len(vectors), 65536):
+                writer.write(np.asarray(vectors[at:at + 65536]))
+        if writer.rows != manifest["n"]:
+            raise DataError(f"{folder}: the shards hold {writer.rows} vectors, the manifest says {manifest['n']}")
         writer.close()
     except BaseException:
         writer.abort()
         raise
-    return EmbedSummary(n=stats.n, dim=encoder.dim, seconds=round(time.perf_counter() - start, 3),
-                        truncated=stats.truncated, empty=stats.empty,
-                        output=str(output_path) if output_path not in (None, "-") else "-")
+    return EmbedSummary(n=manifest["n"], dim=manifest["dim"], seconds=round(time.perf_counter() - start, 3),
+                        truncated=manifest["truncated"], empty=manifest["empty"], tokens=manifest["tokens"],
+                        embedded=0, output="-" if to_stdout else str(output_path),
+                        backend=manifest.get("backend", "torch"), shards=str(folder))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from adapt.arch import facts_for, preferred_attention
+from adapt.backends import BACKENDS, BackendModel, folder_backend
 from adapt.bidirectional import is_bidirectional, make_bidirectional, position_ids_from_mask, prepare_config
 from adapt.errors import ConfigError, ModelLoadError
 from adapt.export import read_st_settings
@@ -160,8 +161,16 @@ class Encoder:
         self.last_stats = stats
         return vectors
 
+    def encode_with_stats(self, texts: list[str], *, batch_size: int = 32, prompt_name: str | None = None,
+                          prompt: str | None = None, normalize: bool | None = None, max_batch_tokens: int | None = None,
+                          on_batch=None) -> tuple[np.ndarray, EncodeStats]:
+        """``encode`` without its warnings: the vectors and the counts (texts, tokens, truncated, empty);
+        ``on_batch(n)`` is called after each batch of ``n`` texts (a progress bar's ``update``)."""
+        return self._encode(list(texts), batch_size, self.resolve_prompt(prompt_name, prompt), normalize, False,
+                            max_batch_tokens, on_batch)
+
     def _encode(self, texts, batch_size, prompt, normalize, show_progress,
-                max_batch_tokens=None) -> tuple[np.ndarray, EncodeStats]:
+                max_batch_tokens=None, on_batch=None) -> tuple[np.ndarray, EncodeStats]:
         if batch_size < 1:
             raise ConfigError(f"batch_size must be at least 1, not {batch_size}")
         bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
@@ -180,16 +189,19 @@ class Encoder:
             if self.normalize if normalize is None else normalize:
                 vectors = torch.nn.functional.normalize(vectors, p=2, dim=-1)
             out[rows] = vectors.cpu().numpy()
+            if on_batch is not None:
+                on_batch(len(rows))
         return out, stats
 
     def iter_encode(self, texts: Iterable[str], *, chunk_size: int = 10_000, batch_size: int = 32,
                     prompt_name: str | None = None, prompt: str | None = None, normalize: bool | None = None,
-                    show_progress: bool = False, max_batch_tokens: int | None = None) -> Iterator[np.ndarray]:
+                    show_progress: bool = False, max_batch_tokens: int | None = None,
+                    on_batch=None) -> Iterator[np.ndarray]:
         """Encode an iterable of any length chunk by chunk (sorted within a chunk), yielding arrays in
         input order; ``last_stats`` holds the totals (one warning at the end)."""
         prompt_text, total, chunk = self.resolve_prompt(prompt_name, prompt), EncodeStats(), []
         self.last_stats = total
-        options = (batch_size, prompt_text, normalize, show_progress, max_batch_tokens)
+        options = (batch_size, prompt_text, normalize, show_progress, max_batch_tokens, on_batch)
         for text in texts:
             chunk.append(text)
             if len(chunk) >= chunk_size:
@@ -223,11 +235,14 @@ def _batches(order: list[int], lengths: list[int], batch_size: int, max_tokens: 
 
 def load_encoder(source, *, pooling: str | None = None, bidirectional: bool | None = None,
                  normalize: bool | None = None, dtype="auto", device: str | None = None,
-                 max_length: int | None = None, trust_remote_code: bool = False) -> Encoder:
+                 max_length: int | None = None, trust_remote_code: bool = False,
+                 backend: str | None = None) -> Encoder:
     """Load an exported encoder, a sentence-transformers model or a raw decoder (folder or hub id).
 
-    ``dtype``: "auto" is fp32 on CPU and bf16 (else fp16) on a GPU; or bf16/fp16/fp32. Anything that is
-    not a loadable model raises :class:`ModelLoadError` saying why.
+    ``dtype``: "auto" is fp32 on CPU and bf16 (else fp16) on a GPU; or bf16/fp16/fp32. ``backend``: None
+    runs the graph an exported folder holds (``adapt export --backend onnx|openvino``, see
+    :mod:`adapt.backends`) and torch otherwise; "torch", "onnx" or "openvino" ask for one. Anything
+    that is not a loadable model raises :class:`ModelLoadError` saying why.
     """
     from transformers import AutoConfig, AutoModel, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -251,6 +266,10 @@ def load_encoder(source, *, pooling: str | None = None, bidirectional: bool | No
     if path.is_dir() and not gguf_file and not (Path(model_dir) / "config.json").is_file():
         raise ModelLoadError(f"{model_dir} is not an encoder or decoder folder: it has no config.json")
     st = st or {"prompts": {}, "default_prompt_name": None, "include_prompt": True, "do_lower_case": False}
+    graph = _pick_backend(path if st.get("transformer_path") else None, backend)
+    if graph is not None:
+        return _load_graph_encoder(path, Path(model_dir), graph, st, pooling=pooling, normalize=normalize,
+                                   max_length=max_length, dtype=dtype, device=device)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch_dtype = parse_dtype(dtype) or (torch.float32 if device.type == "cpu" else
                                          torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
@@ -282,12 +301,7 @@ def load_encoder(source, *, pooling: str | None = None, bidirectional: bool | No
     if bidirectional is True:
         make_bidirectional(model)
     model.to(device)
-    max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-    if max_length is None:
-        max_length = st.get("max_seq_length")
-    if max_length is None:
-        max_length = tokenizer.model_max_length if tokenizer.model_max_length < 1_000_000 else 512
-        max_length = min(max_length, max_positions or max_length)
+    max_length = _max_length(max_length, st, tokenizer, config)
     pooling = pooling_name(pooling or st.get("pooling") or "mean")
     normalize = bool(st.get("normalize", False) if normalize is None else normalize)
     name = path.name if path.is_dir() else str(source)
@@ -300,11 +314,70 @@ def load_encoder(source, *, pooling: str | None = None, bidirectional: bool | No
                    include_prompt=st["include_prompt"], do_lower_case=st["do_lower_case"], fingerprint=fingerprint)
 
 
+def _pick_backend(folder: Path | None, backend: str | None) -> dict | None:
+    """The graph record to run (see :func:`adapt.backends.folder_backend`), or None for torch."""
+    if backend not in (None, *BACKENDS):
+        raise ConfigError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    held = folder_backend(folder) if folder is not None else None
+    if backend in (None, "torch") or (held and held["name"] == backend):
+        return held if backend is None else (None if backend == "torch" else held)
+    raise ModelLoadError(f"{folder} holds no {backend} graph ({'it holds ' + held['name'] if held else 'torch only'}); "
+                         f"write one with `adapt export {folder} -o DIR --backend {backend}`")
+
+
+def _load_graph_encoder(path: Path, model_dir: Path, graph: dict, st: dict, *, pooling, normalize, max_length,
+                        dtype, device) -> Encoder:
+    """An :class:`Encoder` whose model is the folder's ONNX/OpenVINO graph (fp32 in, fp32 out, on the CPU)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    if dtype not in ("auto", None, "fp32", "float32", torch.float32) or (device or "cpu") != "cpu":
+        raise ConfigError(f"{path} runs its {graph['name']} graph on the CPU as it was exported; dtype and device "
+                          "apply to torch: pass backend='torch' (--backend torch) to use them")
+    try:
+        config = AutoConfig.from_pretrained(model_dir)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        model = BackendModel(path / graph["file"], graph["name"], config)
+    except Exception as err:  # noqa: BLE001 - every failure here is "this is not a model we can load"
+        raise ModelLoadError(f"cannot load the {graph['name']} graph of {path}: {type(err).__name__}: {err}") from err
+    max_length = _max_length(max_length, st, tokenizer, config)
+    pooling = pooling_name(pooling or st.get("pooling") or "mean")
+    normalize = bool(st.get("normalize", False) if normalize is None else normalize)
+    fingerprint = _fingerprint(path, path / Path(graph["file"]).parent, pooling=pooling, backend=graph["name"],
+                               quantize=graph.get("quantize"), normalize=normalize, max_length=max_length,
+                               prompts=st["prompts"], include_prompt=st["include_prompt"],
+                               do_lower_case=st["do_lower_case"])
+    return Encoder(model, tokenizer, name=path.name, pooling=pooling, normalize=normalize, max_length=max_length,
+                   prompts=st["prompts"], default_prompt_name=st["default_prompt_name"],
+                   include_prompt=st["include_prompt"], do_lower_case=st["do_lower_case"], fingerprint=fingerprint)
+
+
+def _max_length(max_length, st: dict, tokenizer, config) -> int:
+    """As asked, else the folder's ``max_seq_length``, else the tokenizer's limit (within the model's positions)."""
+    if max_length is None:
+        max_length = st.get("max_seq_length")
+    if max_length is None:
+        max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+        max_length = tokenizer.model_max_length if tokenizer.model_max_length < 1_000_000 else 512
+        max_length = min(max_length, max_positions or max_length)
+    return int(max_length)
+
+
+def backend_encoder(folder, torch_encoder: Encoder, model) -> Encoder:
+    """``torch_encoder``'s settings (pooling, prompts, length...) around another ``model`` (a graph)."""
+    return replace(torch_encoder, model=model, name=Path(folder).name, last_stats=EncodeStats())
+
+
+def backend_of(encoder: Encoder) -> str:
+    """The backend an encoder runs: torch, onnx or openvino."""
+    return getattr(encoder.model, "backend", "torch")
+
+
 def _fingerprint(source, model_dir: Path, **settings) -> str:
     """A stable id of what decides the vectors: the source, its weight files (name, size, mtime) and settings."""
     source = str(Path(source).resolve()) if isinstance(source, Path) else source
     weights = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in model_dir.glob("*")
-                     if p.suffix in (".safetensors", ".bin", ".gguf")) if model_dir.is_dir() else []
+                     if p.suffix in (".safetensors", ".bin", ".gguf", ".onnx", ".onnx_data", ".data", ".xml")) \
+        if model_dir.is_dir() else []
     blob = json.dumps({"source": source, "weights": weights, **settings}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -122,7 +122,7 @@ def export_encoder(model, tokenizer, out_dir, *, pooling: str = "mean", normaliz
         (built / "README.md").write_text(render_card(out_dir.name, manifest), encoding="utf-8")
         manifest["files"] = sorted(p.name for p in built.iterdir()) + [MANIFEST]
         (built / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str) + "\n", encoding="utf-8")
-        _move_into(built, out_dir)
+        move_into(built, out_dir)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return out_dir
@@ -162,7 +162,7 @@ def probe_folder(folder, *, where: str = ""):
     return assert_bidirectional(st[0].auto_model, where=where)
 
 
-def _move_into(built: Path, out_dir: Path) -> None:
+def move_into(built: Path, out_dir: Path) -> None:
     """Move the export's files into ``out_dir`` without touching ``run/``; ``modules.json`` goes last."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "modules.json").unlink(missing_ok=True)  # mid-swap, the folder is not an encoder at all

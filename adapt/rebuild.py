@@ -128,8 +128,12 @@ def _tokenizer_folder(model_dir: Path) -> Path:
 
 def export_from_path(source, out_dir, *, pooling: str | None = None, normalize: bool | None = None,
                      max_seq_length: int | None = None, prompts: dict[str, str] | None = None, dtype=None,
-                     card: dict | None = None) -> Path:
+                     card: dict | None = None, backend: str = "torch", quantize: str | None = None) -> Path:
     """``adapt export SOURCE -o DIR``: re-export a converted run folder, an exported encoder or a checkpoint.
+
+    ``backend`` "onnx" or "openvino" (``quantize`` None or "int8"): the encoder is exported to a
+    scratch folder, its graph added and checked there (:func:`adapt.backend_export.add_backend`), and
+    only then moved to ``out_dir``; a refused graph leaves ``out_dir`` as it was.
 
     ``SOURCE`` is a folder with ``config.json`` + safetensors (a converted/exported encoder), or a
     training checkpoint ``OUT/run/checkpoints/step-N`` (or ``OUT/run/checkpoints``: the newest; also
@@ -138,6 +142,9 @@ def export_from_path(source, out_dir, *, pooling: str | None = None, normalize: 
     from the run's ``export`` section; else mean pooling, no normalization, 512 tokens, no prompts.
     The source must already be bidirectional (``is_causal: false``).
     """
+    if backend not in (None, "torch"):
+        return _export_with_backend(source, out_dir, backend, quantize, pooling=pooling, normalize=normalize,
+                                    max_seq_length=max_seq_length, prompts=prompts, dtype=dtype, card=card)
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
     source = Path(source)
@@ -171,6 +178,25 @@ def export_from_path(source, out_dir, *, pooling: str | None = None, normalize: 
         dtype=dtype if dtype is not None else previous.get("dtype"),
         card={**previous.get("card", {}), **(card or {})},
         source=previous.get("source") or str(source))
+
+
+def _export_with_backend(source, out_dir, backend, quantize, **settings) -> Path:
+    import shutil
+    import tempfile
+
+    from adapt.backend_export import add_backend
+    from adapt.export import move_into
+
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.{backend}.", dir=out_dir.parent))
+    try:
+        built = export_from_path(source, scratch / "built", **settings)
+        add_backend(built, backend, quantize)
+        move_into(built, out_dir)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return out_dir
 
 
 def _export_checkpoint(ckpt: Path, out_dir, *, pooling, normalize, max_seq_length, prompts, dtype, card) -> Path:

@@ -21,7 +21,7 @@ LAYERS = [
                                    "batches", "pairs"}),
     ("objectives", {"objectives"}),
     ("the loop", {"train"}),
-    ("artifacts", {"export", "encoder", "embed_io"}),
+    ("artifacts", {"export", "encoder", "embed_io", "embed_shards", "backends", "backend_export"}),
     ("the pipeline", {"runner", "stages", "convert", "rebuild", "finetune"}),
     ("commands", {"cli", "__main__", "bench"}),
 ]

@@ -1,0 +1,130 @@
+"""ONNX int8 and OpenVINO int8 against torch fp32, on the same encoder, texts and threads, in one run.
+
+    python benchmarks/embed_backends.py --quick          # 112 texts, 2 repetitions
+    python benchmarks/embed_backends.py --model DIR --reps 3 --fp32-graphs
+
+The encoder is SmolLM2-135M-Instruct made bidirectional without training and exported once with adapt
+(``benchmarks/embed_throughput.py``'s ``smollm2_encoder``, cached under ``--workdir``), or ``--model DIR``.
+Each backend is written by ``adapt export --backend ... --quantize int8`` (the same checks run: probe on
+the graph, cosine vs torch) and run through adapt's encoder (same tokenization, batching and pooling),
+in interleaved repetitions; the median counts. Reported: texts/s, tokens/s, peak resident memory added
+during a run and by loading, min and mean cosine against torch fp32. Results go to
+``benchmarks/results/embed_backends.json`` and ``.md``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # this checkout's adapt
+from embed_throughput import PeakRSS, lee_texts, smollm2_encoder, timed  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def cosines(a, b):
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, help="an exported encoder folder (default: SmolLM2-135M, bidirectional)")
+    parser.add_argument("--quick", action="store_true", help="a subset of the texts and 2 repetitions")
+    parser.add_argument("--reps", type=int)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--fp32-graphs", action="store_true", help="also time the fp32 ONNX and OpenVINO graphs")
+    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "adapt-bench")
+    parser.add_argument("--out", type=Path, default=RESULTS / "embed_backends.json")
+    args = parser.parse_args(argv)
+    from adapt.encoder import load_encoder
+    from adapt.rebuild import export_from_path
+
+    reps = args.reps or (2 if args.quick else 3)
+    source = args.model or smollm2_encoder(args.workdir)
+    texts = lee_texts(args.quick)
+    variants = [("onnx", "int8"), ("openvino", "int8")] + ([("onnx", None), ("openvino", None)] if args.fp32_graphs else [])
+    folders, export_seconds = {}, {}
+    for backend, quantize in variants:
+        name = f"{backend} {quantize or 'fp32'}"
+        folder = args.workdir / f"{Path(source).name}-{backend}-{quantize or 'fp32'}"
+        if not (folder / "adapt_export.json").is_file() or \
+                json.loads((folder / "adapt_export.json").read_text()).get("backend", {}).get("quantize") != quantize:
+            start = time.perf_counter()
+            export_from_path(source, folder, backend=backend, quantize=quantize)
+            export_seconds[name] = round(time.perf_counter() - start, 1)
+            print(f"exported {name} in {export_seconds[name]} s", flush=True)
+        folders[name] = folder
+    encoders, load_mb = {}, {}
+    with PeakRSS() as mem:
+        encoders["torch fp32"] = load_encoder(source, backend="torch", dtype="float32", device="cpu")
+    load_mb["torch fp32"] = round(mem.added_mb, 1)
+    for name, folder in folders.items():
+        with PeakRSS() as mem:
+            encoders[name] = load_encoder(folder)
+        load_mb[name] = round(mem.added_mb, 1)
+    for enc in encoders.values():  # first-call allocations and kernel choices stay out of the timing
+        enc.encode(texts[:8], batch_size=4)
+    tokens = sum(len(ids) for ids in encoders["torch fp32"].tokenize(texts)[0])
+    times, peaks, vectors = {k: [] for k in encoders}, {k: [] for k in encoders}, {}
+    for rep in range(reps):
+        order = list(encoders) if rep % 2 == 0 else list(reversed(encoders))
+        for name in order:
+            vectors[name], seconds, _, added = timed(lambda: encoders[name].encode(texts, batch_size=args.batch_size))
+            times[name].append(seconds)
+            peaks[name].append(added)
+            print(f"rep {rep + 1}/{reps} {name}: {seconds:.2f} s, {len(texts) / seconds:.1f} texts/s", flush=True)
+    base = vectors["torch fp32"]
+    result = {"model": str(source), "texts": len(texts), "tokens": tokens, "batch_size": args.batch_size, "reps": reps,
+              "quick": args.quick, "torch_threads": torch.get_num_threads(), "cpu": platform.processor() or
+              platform.machine(), "load_average_at_end": os.getloadavg(), "export_seconds": export_seconds,
+              "methods": {}}
+    for name in encoders:
+        seconds = statistics.median(times[name])
+        cos = cosines(base, vectors[name])
+        result["methods"][name] = {
+            "median_seconds": round(seconds, 3), "texts_per_s": round(len(texts) / seconds, 2),
+            "tokens_per_s": round(tokens / seconds, 1), "peak_added_mb": round(max(peaks[name]), 1),
+            "load_added_mb": load_mb[name], "all_seconds": [round(t, 3) for t in times[name]],
+            "min_cosine_vs_torch": round(float(cos.min()), 6), "mean_cosine_vs_torch": round(float(cos.mean()), 6),
+            "speedup_vs_torch": round(statistics.median(times["torch fp32"]) / seconds, 2)}
+    write_results(result, args.out)
+    for name, m in result["methods"].items():
+        print(f"{name:15s} {m['texts_per_s']:8.2f} texts/s {m['tokens_per_s']:9.1f} tokens/s  x{m['speedup_vs_torch']:.2f}"
+              f"  cos min {m['min_cosine_vs_torch']:.4f} mean {m['mean_cosine_vs_torch']:.4f}  peak +{m['peak_added_mb']:.0f} MB")
+    return result
+
+
+def write_results(result: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    r = result
+    lines = ["# Embedding backends: ONNX / OpenVINO int8 vs torch fp32", "",
+             f"Model `{r['model']}`, {r['texts']} texts ({r['tokens']} tokens), batch size {r['batch_size']}, "
+             f"{r['torch_threads']} threads, {r['reps']} interleaved repetitions (median){' (quick)' if r['quick'] else ''}; "
+             f"load average at the end {', '.join(f'{x:.1f}' for x in r['load_average_at_end'])} on {os.cpu_count()} "
+             "cores (a shared machine: other jobs ran alongside).", "",
+             "| backend | texts/s | tokens/s | vs torch fp32 | min cosine | mean cosine | peak added MB (run) | "
+             "added MB (load) | runs, s |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, m in r["methods"].items():
+        lines.append(f"| {name} | {m['texts_per_s']} | {m['tokens_per_s']} | {m['speedup_vs_torch']}x | "
+                     f"{m['min_cosine_vs_torch']} | {m['mean_cosine_vs_torch']} | {m['peak_added_mb']} | "
+                     f"{m['load_added_mb']} | {', '.join(map(str, m['all_seconds']))} |")
+    if r["export_seconds"]:
+        lines += ["", "Export (adapt export --backend, checks included): " +
+                  ", ".join(f"{k} {v} s" for k, v in r["export_seconds"].items())]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
