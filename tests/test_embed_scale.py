@@ -196,6 +196,7 @@ def _family_export(family, tmp_path):
 @pytest.mark.parametrize("family", [pytest.param(f, marks=() if f in FAST_FAMILIES else pytest.mark.slow)
                                     for f in TINY_CONFIGS])
 def test_onnx_export_per_family(family, tmp_path):
+    pytest.importorskip("onnxruntime", reason="the onnx extra is not installed (make test installs it)")
     folder = _family_export(family, tmp_path)
     record = add_backend(folder, "onnx")
     assert record["probe"]["bidirectional"] and record["probe"]["family"] == family
@@ -219,6 +220,7 @@ def test_onnx_export_per_family(family, tmp_path):
 @pytest.mark.parametrize("family", [pytest.param(f, marks=() if f == "llama" else pytest.mark.slow)
                                     for f in TINY_CONFIGS])
 def test_openvino_int8_export_per_family(family, tmp_path):
+    pytest.importorskip("openvino", reason="the openvino extra is not installed (make test installs it)")
     folder = _family_export(family, tmp_path)
     record = add_backend(folder, "openvino", quantize="int8")
     assert record["probe"]["bidirectional"] and record["quantize"] == "int8"
@@ -228,6 +230,7 @@ def test_openvino_int8_export_per_family(family, tmp_path):
 
 
 def test_onnx_int8_weights_only(tmp_path):
+    pytest.importorskip("onnxruntime", reason="the onnx extra is not installed (make test installs it)")
     folder = _family_export("llama", tmp_path)
     record = add_backend(folder, "onnx", quantize="int8-weights")
     assert record["probe"]["bidirectional"] and record["parity"]["min_cosine"] > 0.99, record
@@ -238,6 +241,7 @@ def test_onnx_int8_weights_only(tmp_path):
 
 
 def test_export_cli_with_backend_and_embed_uses_it(encoder_dir, tmp_path):
+    pytest.importorskip("onnxruntime", reason="the onnx extra is not installed (make test installs it)")
     runner = CliRunner()
     out = tmp_path / "onnx-int8"
     result = runner.invoke(main, ["export", str(encoder_dir), "-o", str(out), "--backend", "onnx", "--quantize", "int8"])
