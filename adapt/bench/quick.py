@@ -258,20 +258,33 @@ BUILDERS = {
 QUICK_TASKS = list(BUILDERS)
 
 
+def read_cached_task(path: Path) -> Task | None:
+    """A parsed task from its JSON cache file; None when there is none or it is damaged (then rebuilt)."""
+    if not path.exists():
+        return None
+    try:
+        return Task.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return None
+
+
+def write_cached_task(path: Path, task: Task) -> None:
+    """Cache a parsed task as JSON; a read-only home only means it is parsed again next time."""
+    try:
+        atomic_write_text(path, json.dumps(task.to_dict()))
+    except OSError:
+        pass
+
+
 def load_quick_task(name: str, *, use_cache: bool = True) -> Task:
     """One task of the quick suite, from the JSON cache when present (parsing Wikipedia takes seconds)."""
     if name not in BUILDERS:
         raise DataError(f"unknown quick task {name!r}; known: {', '.join(BUILDERS)}")
     path = cache_dir() / f"quick-v{VERSION}" / f"{name}.json"
-    if use_cache and path.exists():
-        try:
-            return Task.from_dict(json.loads(path.read_text(encoding="utf-8")))
-        except (json.JSONDecodeError, KeyError, TypeError):
-            pass  # a damaged cache file is rebuilt below
+    cached = read_cached_task(path) if use_cache else None
+    if cached is not None:
+        return cached
     task = BUILDERS[name]()
     if use_cache:
-        try:
-            atomic_write_text(path, json.dumps(task.to_dict()))
-        except OSError:
-            pass  # a read-only home: the task is simply parsed again next time
+        write_cached_task(path, task)
     return task

@@ -20,14 +20,12 @@ training texts. Sizes are in each builder's module docstring (``std_wordnet``, `
 """
 from __future__ import annotations
 
-import json
 from typing import Callable
 
 from adapt.bench import std_reference, std_text, std_wordnet
-from adapt.bench.quick import cache_dir
+from adapt.bench.quick import cache_dir, read_cached_task, write_cached_task
 from adapt.bench.tasks import Task
 from adapt.errors import DataError
-from adapt.io_utils import atomic_write_text
 
 VERSION = 2  # bump when a builder changes what it produces, so stale caches are not reused
 
@@ -57,17 +55,12 @@ def load_standard_task(name: str, *, use_cache: bool = True) -> Task:
     """One task of the standard suite (``NAME`` = test split, ``NAME-dev`` = dev split), cached as JSON."""
     if name not in TASK_NAMES:
         raise DataError(f"unknown standard task {name!r}; known: {', '.join(STANDARD_TASKS)} (and NAME-dev)")
-    path = cache_dir() / f"standard-v{VERSION}" / f"{name}.json"
-    if use_cache and path.exists():
-        try:
-            return Task.from_dict(json.loads(path.read_text(encoding="utf-8")))
-        except (json.JSONDecodeError, KeyError, TypeError):
-            pass  # a damaged cache file is rebuilt below
+    folder = cache_dir() / f"standard-v{VERSION}"
+    cached = read_cached_task(folder / f"{name}.json") if use_cache else None
+    if cached is not None:
+        return cached
     tasks = FAMILIES[family(name)]()
     if use_cache:
         for task_name, task in tasks.items():
-            try:
-                atomic_write_text(cache_dir() / f"standard-v{VERSION}" / f"{task_name}.json", json.dumps(task.to_dict()))
-            except OSError:
-                pass  # a read-only home: parsed again next time
+            write_cached_task(folder / f"{task_name}.json", task)
     return tasks[name]
