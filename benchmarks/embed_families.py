@@ -2,30 +2,54 @@
 
     PYTHONPATH=. python benchmarks/embed_families.py [WORKDIR] > rows.txt
 
-Prints a row per family: for onnx fp32, onnx int8, openvino fp32, openvino int8, the min/mean cosine against
-the torch encoder on adapt.backend_export.CHECK_TEXTS, the probe's unpadded first-token change on the exported
-graph, and the exporter used (or REFUSED and why). results/embed_families.md holds a run's rows.
+Prints a row per family: for onnx fp32, onnx int8, openvino fp32 and openvino int8, the min/mean cosine
+against the torch encoder on adapt.backend_export.CHECK_TEXTS, the probe's unpadded first-token change on
+the exported graph, and the exporter used (or REFUSED and why). results/embed_families.md holds a run's rows.
 """
-import warnings, pathlib, shutil, json, sys, logging
-warnings.filterwarnings("ignore"); logging.disable(logging.WARNING)
-from adapt.arch import facts_for
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+import warnings
+from pathlib import Path
+
+from adapt.arch import preferred_attention
+from adapt.backend_export import add_backend
 from adapt.bidirectional import make_bidirectional
 from adapt.export import export_encoder
-from adapt.backend_export import add_backend
-from tests.tiny import tiny_decoder, tiny_tokenizer, TINY_CONFIGS
-root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/adapt-bench/families"); shutil.rmtree(root, ignore_errors=True)
-tok = tiny_tokenizer()
-rows = []
-for fam in TINY_CONFIGS:
-    m = make_bidirectional(tiny_decoder(fam, vocab_size=len(tok), attn_implementation=facts_for(fam).attn_implementations[0]))
-    src = export_encoder(m, tok, root / fam, max_seq_length=48)
-    row = [fam]
-    for b, q in [("onnx", None), ("onnx", "int8"), ("openvino", None), ("openvino", "int8")]:
-        f = root / f"{fam}-{b}-{q}"; shutil.copytree(src, f)
+from tests.tiny import TINY_CONFIGS, tiny_decoder, tiny_tokenizer
+
+VARIANTS = [("onnx", None), ("onnx", "int8"), ("openvino", None), ("openvino", "int8")]
+
+
+def family_row(family: str, root: Path, tokenizer) -> list[str]:
+    model = make_bidirectional(tiny_decoder(family, vocab_size=len(tokenizer),
+                                            attn_implementation=preferred_attention(family)))
+    source = export_encoder(model, tokenizer, root / family, max_seq_length=48)
+    row = [family]
+    for backend, quantize in VARIANTS:
+        folder = root / f"{family}-{backend}-{quantize}"
+        shutil.copytree(source, folder)
         try:
-            r = add_backend(f, b, q)
-            row.append(f"{r['parity']['min_cosine']:.6f}/{r['parity']['mean_cosine']:.6f} probe {r['probe']['unpadded']:.2f} ({r['exporter']})")
-        except Exception as e:
+            r = add_backend(folder, backend, quantize)
+            row.append(f"{r['parity']['min_cosine']:.6f}/{r['parity']['mean_cosine']:.6f} "
+                       f"probe {r['probe']['unpadded']:.2f} ({r['exporter']})")
+        except Exception as e:  # noqa: BLE001 - a refusal is a result of this table
             row.append(f"REFUSED {type(e).__name__}: {str(e)[:80]}")
-        shutil.rmtree(f)
-    print(" | ".join(row), flush=True)
+        shutil.rmtree(folder)
+    return row
+
+
+def main() -> None:
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    root = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/adapt-bench/families")
+    shutil.rmtree(root, ignore_errors=True)
+    tokenizer = tiny_tokenizer()
+    for family in TINY_CONFIGS:
+        print(" | ".join(family_row(family, root, tokenizer)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
