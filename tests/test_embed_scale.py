@@ -193,8 +193,19 @@ def _family_export(family, tmp_path):
     return export_encoder(model, tok, tmp_path / family, max_seq_length=48)
 
 
+def _is_moe(family) -> bool:
+    from adapt.arch import num_experts
+    from tests.tiny import tiny_config
+
+    return num_experts(tiny_config(family)) > 1
+
+
+DENSE = [f for f in TINY_CONFIGS if not _is_moe(f)]
+MOE = [f for f in TINY_CONFIGS if _is_moe(f)]
+
+
 @pytest.mark.parametrize("family", [pytest.param(f, marks=() if f in FAST_FAMILIES else pytest.mark.slow)
-                                    for f in TINY_CONFIGS])
+                                    for f in DENSE])
 def test_onnx_export_per_family(family, tmp_path):
     pytest.importorskip("onnxruntime", reason="the onnx extra is not installed (make test installs it)")
     folder = _family_export(family, tmp_path)
@@ -218,7 +229,7 @@ def test_onnx_export_per_family(family, tmp_path):
 
 
 @pytest.mark.parametrize("family", [pytest.param(f, marks=() if f == "llama" else pytest.mark.slow)
-                                    for f in TINY_CONFIGS])
+                                    for f in DENSE])
 def test_openvino_int8_export_per_family(family, tmp_path):
     pytest.importorskip("openvino", reason="the openvino extra is not installed (make test installs it)")
     folder = _family_export(family, tmp_path)
@@ -227,6 +238,18 @@ def test_openvino_int8_export_per_family(family, tmp_path):
     assert record["parity"]["min_cosine"] > 0.99, record["parity"]
     assert (folder / "openvino/openvino_model.xml").is_file() and (folder / "openvino/openvino_model.bin").is_file()
     assert probe(load_encoder(folder).model).bidirectional
+
+
+@pytest.mark.parametrize("backend", ["onnx", "openvino"])
+@pytest.mark.parametrize("family", [pytest.param(f, marks=() if f == MOE[0] else pytest.mark.slow) for f in MOE])
+def test_mixture_of_experts_exports_are_refused_naming_the_family(family, backend, tmp_path):
+    """The experts' routing (torch.histc) has no ONNX operator: a clear refusal, the folder left as it was."""
+    pytest.importorskip("onnxruntime" if backend == "onnx" else "openvino")
+    folder = _family_export(family, tmp_path)
+    before = sorted(p.name for p in folder.iterdir())
+    with pytest.raises(ModelLoadError, match=rf"cannot export the '{family}' family to ONNX.*use the torch backend"):
+        add_backend(folder, backend)
+    assert sorted(p.name for p in folder.iterdir()) == before
 
 
 def test_onnx_int8_weights_only(tmp_path):
