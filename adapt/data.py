@@ -2,7 +2,9 @@
 
 Data flows one way through three pieces:
 
-1. :func:`iter_documents` streams :class:`Document` objects from text files (``.txt .text .md``),
+1. :func:`iter_documents` streams :class:`Document` objects from text files (``.txt .text .md .cor``;
+   one document per paragraph, or per line in a corpus of one document per line, see
+   :func:`lines_are_documents`),
    JSON lines (``.jsonl .jsonlines .ndjson .json``), parquet, any of the text/JSON-lines files
    compressed (``.gz .bz2 .xz``), folders of those (recursively, in sorted order) and hub datasets
    (``hf:NAME[:CONFIG]``, streamed). Files are read by :mod:`adapt.readers` (UTF-8, BOMs, compression,
@@ -104,8 +106,38 @@ def resolve_data_sources(sources: list[str]) -> list[str]:
     return out
 
 
+SNIFF_CHARS = 1 << 18  # how much of a text file decides whether it holds a document per line
+LINE_DOC_MEAN_CHARS = 200  # lines at least this long on average, with no blank line, are documents
+
+
+def lines_are_documents(path: Path) -> bool:
+    """Whether a text file holds one document per line: gensim's ``.cor`` corpora always do; other text
+    files when their first 256 KiB has no blank line and its lines average 200+ characters (a corpus
+    of one article per line, not a wrapped text)."""
+    if path.suffix.lower() == ".cor":
+        return True
+    count = chars = 0
+    blank = False
+    for _, line in iter_lines(path):
+        if not line.strip():
+            blank = True
+            continue
+        if blank:  # a blank line between texts: paragraphs (trailing blank lines do not count)
+            return False
+        count, chars = count + 1, chars + len(line)
+        if chars >= SNIFF_CHARS:
+            break
+    return count > 1 and chars / count >= LINE_DOC_MEAN_CHARS
+
+
 def _iter_text(path: Path) -> Iterator[Document]:
-    """One document per paragraph: a run of non-blank lines; blank lines separate documents."""
+    """One document per paragraph (a run of non-blank lines; blank lines separate documents), or one per
+    line where :func:`lines_are_documents` says the file is a corpus of one document per line."""
+    if lines_are_documents(path):
+        for lineno, line in iter_lines(path):
+            if line.strip():
+                yield Document(line.strip(), str(path), lineno)
+        return
     block: list[str] = []
     start = size = 0
     for lineno, line in iter_lines(path):

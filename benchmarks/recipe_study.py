@@ -7,7 +7,8 @@ the `standard` suite's dev split (choose there; report the test split for the fi
     python benchmarks/recipe_study.py calibrate              # seconds per step of every stage kind (idle machine)
     python benchmarks/recipe_study.py run                    # every recipe, seed 0 (resumes: finished runs are kept)
     python benchmarks/recipe_study.py run --recipes mlm30,mlm30+crops --seeds 0,1
-    python benchmarks/recipe_study.py report [--split test --recipes a,b,c --seeds 0,1]
+    python benchmarks/recipe_study.py run --limit 300        # a cheaper screening pass: 300 items per split
+    python benchmarks/recipe_study.py report [--split test --recipes a,b,c --seeds 0,1 --poolings last,weightedmean]
 
 The budget is in steps, not in wall time, so that a busy machine does not change what a recipe
 trains: `calibrate` times a few steps of each stage signature (its kind, tuning, batch and lengths)
@@ -176,6 +177,17 @@ def _names(recipes: str | None) -> list[str]:
     return names
 
 
+def _bench_dir(args) -> Path:
+    """One bench folder per split and item limit, all sharing one embedding cache (keyed by model and
+    exact texts): dev and test search the same retrieval corpora, so those are embedded once."""
+    out = RUNS / (f"bench-{args.split}" + (f"-limit{args.limit}" if args.limit else ""))
+    out.mkdir(parents=True, exist_ok=True)
+    (RUNS / "cache").mkdir(exist_ok=True)
+    if not (out / "cache").exists():
+        (out / "cache").symlink_to(RUNS / "cache", target_is_directory=True)
+    return out
+
+
 def run(args) -> None:
     from adapt.bench.runner import run_bench
 
@@ -187,27 +199,31 @@ def run(args) -> None:
                 print(f"== {name} seed {seed}: " + ", ".join(f"{k} {s} steps" for k, s, _ in stages), flush=True)
                 _convert(_preset(stages, seed, f"recipe study: {name}"), out)
             run_bench([f"{out}@label={name}-s{seed}"], suite=f"standard{'-dev' if args.split == 'dev' else ''}",
-                      out_dir=RUNS / f"bench-{args.split}", update_cards=False)
+                      out_dir=_bench_dir(args), limit=args.limit, update_cards=False)
 
 
 def report(args) -> None:
     from adapt.bench.runner import run_bench
 
     seeds = [int(s) for s in args.seeds.split(",")]
-    models = [f"{RUNS / f'{n}-s{s}'}@label={n}-s{s}" for n in _names(args.recipes) for s in seeds
+    poolings = [p for p in (args.poolings or "").split(",") if p]
+    models = [f"{RUNS / f'{n}-s{s}'}@label={n}-s{s}" + "".join(f"-{p},pooling={p}" for p in [pool] if p)
+              for n in _names(args.recipes) for s in seeds for pool in [None, *poolings]
               if (RUNS / f"{n}-s{s}" / "run" / "summary.json").exists()]
     if not models:
         raise SystemExit("no finished run: `python benchmarks/recipe_study.py run` first")
     suite = f"standard{'-dev' if args.split == 'dev' else ''}"
-    result = run_bench(models, suite=suite, out_dir=RUNS / f"bench-{args.split}", baselines=True, source=SOURCE,
-                       update_cards=False)
-    stem = f"recipe_study_{args.split}"
+    result = run_bench(models, suite=suite, out_dir=_bench_dir(args), baselines=True, source=SOURCE,
+                       limit=args.limit, update_cards=False)
+    stem = f"recipe_study_{args.split}" + (f"_limit{args.limit}" if args.limit else "")
     RESULTS.mkdir(parents=True, exist_ok=True)
     for path in result.paths.values():
         shutil.copy(path, RESULTS / f"{stem}{Path(path).suffix}")
     runs = {}
     for model in models:
         out = Path(model.split("@")[0])
+        if out.name in runs:
+            continue
         summary = json.loads((out / "run" / "summary.json").read_text())
         runs[out.name] = {"stages": summary["stages"], "wall_seconds": summary.get("wall_seconds"),
                           "steps": {k: v.get("steps") for k, v in summary["per_stage"].items()},
@@ -223,6 +239,10 @@ def main() -> None:
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--split", choices=["dev", "test"], default="dev")
     ap.add_argument("--force", action="store_true", help="calibrate again")
+    ap.add_argument("--poolings", help="report: also score each run with these poolings (e.g. last,weightedmean); "
+                    "the export's own pooling is always scored")
+    ap.add_argument("--limit", type=int, help="score at most this many items per split of each task "
+                    "(a cheaper screening pass on dev; the finalists are scored on whole splits)")
     args = ap.parse_args()
     if args.command == "plan":
         for name in _names(args.recipes):

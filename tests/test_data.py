@@ -38,6 +38,21 @@ def test_text_file_gives_one_document_per_paragraph_with_its_first_line(tmp_path
     assert all(d.source == str(f) for d in docs)
 
 
+def test_a_corpus_of_one_document_per_line_gives_one_document_per_line(tmp_path):
+    """gensim's .cor corpora and text files of long lines with no blank line hold one document per line;
+    a wrapped text (short lines) stays one paragraph."""
+    article = "word " * 60
+    (tmp_path / "news.cor").write_text("short one\nshort two\n", encoding="utf-8")
+    (tmp_path / "articles.txt").write_text(f"{article}a\n{article}b\n\n", encoding="utf-8")
+    (tmp_path / "wrapped.txt").write_text("a wrapped text\nof short lines\n", encoding="utf-8")
+    assert [(d.text, d.line) for d in iter_documents(tmp_path / "news.cor")] == [("short one", 1), ("short two", 2)]
+    assert [d.text[-1] for d in iter_documents(tmp_path / "articles.txt")] == ["a", "b"]
+    assert texts(tmp_path / "wrapped.txt") == ["a wrapped text\nof short lines"]
+    # a blank line anywhere in the sniffed start means paragraphs, however long the lines
+    (tmp_path / "paras.txt").write_text(f"{article}a\n{article}b\n\n{article}c\n", encoding="utf-8")
+    assert len(list(iter_documents(tmp_path / "paras.txt"))) == 2
+
+
 def test_markdown_and_text_extensions_and_bom(tmp_path):
     (tmp_path / "a.md").write_bytes("\ufeff# Title\n".encode("utf-8"))
     (tmp_path / "b.text").write_text("body", encoding="utf-8")
