@@ -236,8 +236,11 @@ _LEGACY_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "ma
                  "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken"}
 
 
-def record_bench(folder, scores: dict[str, str]) -> bool:
-    """Put ``scores`` (``{"task (metric)": "value ..."}``) in the model card of an encoder adapt exported.
+def record_bench(folder, scores: dict) -> bool:
+    """Put a benchmark table in the model card of an encoder adapt exported: ``scores`` is either
+    ``{"columns": [this encoder, baseline, ...], "rows": [{"task", "kind", "metric", "values": [one per
+    column], "ci": [low, high] of this encoder}], "title": ..., "verdict": line}`` or a flat
+    ``{"task (metric)": value}`` mapping.
 
     Rewrites ``adapt_export.json`` and ``README.md`` (each atomically); the weights are not touched.
     Returns False, changing nothing, for a folder adapt did not export.
@@ -286,7 +289,8 @@ def render_card(name: str, manifest: dict) -> str:
         lines += ["", "<details><summary>full run configuration</summary>", "", "```json",
                   json.dumps(full_recipe, indent=2, default=str), "```", "", "</details>"]
     lines += ["", "## Training figures", ""] + (_table(metrics) if metrics else ["None recorded."])
-    lines += ["", "## Benchmark", ""] + (_table(bench) if bench else ["Not benchmarked yet: run `adapt bench`."])
+    lines += ["", "## Benchmark", ""] + (_bench_table(bench) if "columns" in bench else _table(bench) if bench
+                                         else ["Not benchmarked yet: run `adapt bench`."])
     return "\n".join(lines) + "\n"
 
 
@@ -301,6 +305,27 @@ def portable(value):
         parts = Path(value).parts
         return ".../" + "/".join(parts[-2:]) if len(parts) > 2 else value
     return value
+
+
+def _bench_table(bench: dict) -> list[str]:
+    """This encoder's main scores (with their 95% interval) next to its source's, one task a row."""
+    def num(value):
+        return "-" if value is None else f"{value:.3f}"
+
+    columns = bench["columns"]
+    lines = [f"{bench.get('title') or 'adapt bench'}: main metric per task, this encoder's bootstrap 95% "
+             "interval in brackets, its source decoder scored the same way beside it.", "",
+             "| task | kind | metric | this encoder | " + " | ".join(columns[1:]) + " |",
+             "|---|---|---|---|" + "---|" * (len(columns) - 1)]
+    for row in bench["rows"]:
+        mine, *others = row["values"]
+        low, high = row.get("ci") or (None, None)
+        interval = f" [{low:.3f}, {high:.3f}]" if low is not None and high is not None else ""
+        lines.append(f"| {row['task']} | {row['kind']} | {row['metric']} | {num(mine)}{interval} | "
+                     + " | ".join(num(v) for v in others) + " |")
+    if bench.get("verdict"):
+        lines += ["", bench["verdict"]]
+    return lines
 
 
 def _table(values: dict) -> list[str]:

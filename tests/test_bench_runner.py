@@ -272,11 +272,19 @@ def test_scores_go_into_the_model_card_of_an_adapt_encoder(tmp_path, tiny_model_
                        show_progress=False, max_length=32)
     card = (enc / "README.md").read_text()
     mine = report.value("enc", "s")
-    assert f"| s (spearman) | {mine:.3f}; tiny-llama (causal, mean): " in card and "| objective | mlm |" in card
     bench = json.loads((enc / MANIFEST).read_text())["card"]["bench"]
-    assert list(bench) == ["s (spearman)"] and "(bidirectional, mean, untrained)" in bench["s (spearman)"]
+    columns = bench["columns"]
+    assert columns[0] == "enc" and "tiny-llama (causal, mean)" in columns and "tiny-llama (causal, last)" in columns
+    assert any("(bidirectional, mean, untrained)" in c for c in columns)
+    row = {r["task"]: r for r in bench["rows"]}["s"]
+    low, high = row["ci"]
+    assert row["values"] == [report.value(c, "s") for c in columns] and low <= mine <= high
+    causal = columns.index("tiny-llama (causal, mean)")
+    header = next(line for line in card.splitlines() if line.startswith("| task | kind | metric | this encoder |"))
+    assert header.split(" | ")[3 + causal].strip(" |") == "tiny-llama (causal, mean)"
+    assert f"| s | similarity | spearman | {mine:.3f} [{low:.3f}, {high:.3f}] | " in card and "| objective | mlm |" in card
     assert len(report.verdicts) == 1 and report.verdicts[0].startswith("verdict: enc vs tiny-llama (causal, ")
-    assert report.markdown.rstrip().endswith(report.verdicts[0])
+    assert report.markdown.rstrip().endswith(report.verdicts[0]) and card.rstrip().endswith(report.verdicts[0])
 
 
 def test_cli_runs_the_suite_and_the_named_tasks_together(monkeypatch):

@@ -191,14 +191,16 @@ def run_bench(models: list, *, suite: str | None = "quick", tasks: list | None =
         bar.close()
     report = write_reports(stats.annotate(rows, items, reference, names), out_dir, title)
     report.cache_hits, report.cache_misses = cache.hits, cache.misses
+    lines = {}  # converted model -> its verdict line
     if baselines:
-        report.verdicts = [verdict.line(v) for v in verdict.verdicts(report.rows, items,
-                                                                      _baselines_of(entries, display, source))]
+        lines = {v["model"]: verdict.line(v) for v in verdict.verdicts(report.rows, items,
+                                                                         _baselines_of(entries, display, source))}
+        report.verdicts = list(lines.values())
         if report.verdicts:
             report.markdown += "\n" + "\n".join(report.verdicts) + "\n"
             atomic_write_text(report.paths["markdown"], report.markdown)
     if update_cards:
-        _update_cards(entries, display, report, source)
+        _update_cards(entries, display, report, source, title, lines)
     return report
 
 
@@ -218,26 +220,32 @@ def _baselines_of(entries, display, source: str | None) -> dict[str, list[str]]:
     return out
 
 
-def _update_cards(entries, display, report: BenchReport, source: str | None) -> None:
-    """Write each benchmarked adapt encoder's main scores (and its baselines', when scored) into its model card."""
+def _update_cards(entries, display, report: BenchReport, source: str | None, title: str,
+                  lines: dict[str, str]) -> None:
+    """Write each benchmarked adapt encoder's benchmark table into its model card: per task its main score
+    with the 95% interval, next to its scored source baselines, the average, and its verdict line."""
     from adapt.export import record_bench
 
     baselines = _baselines_of(entries, display, source)
-    metric = {row["task"]: row["metric"] for row in report.rows if row["main"]}
+    main = [row for row in report.rows if row["main"] or row["task"] == "average"]
+    tasks = {row["task"]: (row["kind"], row["metric"]) for row in main}
     for (spec, _), name in zip(entries, display):
         if spec is None or not Path(spec.source).is_dir() or spec.bidirectional is False:
             continue
-        others = baselines.get(name, [])
-        scores = {}
-        for task in metric:
-            mine = report.value(name, task)
+        columns = [name, *baselines.get(name, [])]
+        cell = {(row["model"], row["task"]): row for row in main if row["model"] in columns}
+        rows = []
+        for task, (kind, metric) in tasks.items():
+            mine = cell.get((name, task))
             if mine is None:
                 continue
-            rest = [(other, report.value(other, task)) for other in others]
-            scores[f"{task} ({metric[task]})"] = f"{mine:.3f}" + "".join(
-                f"; {other}: {value:.3f}" for other, value in rest if value is not None)
-        if record_bench(spec.source, scores):
+            rows.append({"task": task, "kind": kind, "metric": metric,
+                         "values": [cell[(c, task)]["value"] if (c, task) in cell else None for c in columns],
+                         "ci": [mine.get("ci_low"), mine.get("ci_high")]})
+        table = {"title": title, "columns": columns, "rows": rows, "verdict": lines.get(name)}
+        if rows and record_bench(spec.source, table):
             log.info("benchmark results recorded in %s/README.md", spec.source)
+
 
 def _score(task, encoder, cache: EmbeddingCache, key: str, name: str, batch_size: int):
     """(metric -> value, main metric, n, kind, per-item evidence or None) of one model on one task;
