@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from adapt.config import RunConfig, build_config
+from adapt.config import DEFAULT_PRESET, RunConfig, build_config
 from adapt.errors import ConfigError
 from adapt.runner import run_stage
 from adapt.stages import run_stages, uses_stages
@@ -28,7 +28,9 @@ def convert(source: str | None, out: str | Path, *, preset: str | None = None, o
             data: list[str] | None = None, objective: str | None = None, tuning: str | None = None,
             max_steps: int | None = None, stages=None, pairs=None, resume: bool = False, overwrite: bool = False,
             show_progress: bool = True, accelerator=None) -> ConvertResult:
-    """Convert ``source`` into a bidirectional encoder at ``out`` (see the module docstring)."""
+    """Convert ``source`` into a bidirectional encoder at ``out`` (see the module docstring). With no
+    ``preset``, the ``default`` preset's recipe runs (``adapt presets default``)."""
+    preset = preset or DEFAULT_PRESET
     if uses_stages(stages=stages, pairs=pairs, preset=preset):
         if accelerator is not None:
             raise ConfigError("a chain of stages builds one Accelerator per stage: do not pass accelerator=")

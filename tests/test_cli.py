@@ -78,6 +78,28 @@ def test_two_process_ddp_on_cpu(tiny_model_dir, tmp_path, free_port):
     assert summary["probe_after"]["bidirectional"]
 
 
+def test_convert_with_no_preset_runs_the_default_recipe(tiny_model_dir, tmp_path):
+    """No --preset: the `default` preset's stages (masked, then contrastive) run, each from the one before."""
+    import yaml
+
+    from adapt.config import load_preset
+
+    stages = [s if isinstance(s, str) else s["kind"] for s in load_preset("default")["stages"]]
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n\n".join([CORPUS] * 6))
+    out = tmp_path / "out"
+    args = ["convert", str(tiny_model_dir), "-o", str(out), "--data", str(corpus), "--max-steps", "1", "--quiet",
+            "--set", "data.seq_len=32", "--set", "train.batch_size=2", "--set", "train.eval_batches=1",
+            "--set", f"{stages[-1]}.train.batch_size=4", "--set", f"{stages[-1]}.contrastive.max_length=16"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "run/summary.json").read_text())
+    assert summary["stages"] == [f"{i}-{kind}" for i, kind in enumerate(stages, 1)] and len(stages) >= 2
+    assert summary["probe_after"]["bidirectional"]
+    first = yaml.safe_load((out / "stages" / summary["stages"][0] / "run/config.yaml").read_text())
+    assert first["objective"]["mask_ratio"] == load_preset("default")["objective"]["mask_ratio"]
+
+
 def test_convert_cli_runs_stages_with_pairs(tiny_model_dir, tmp_path):
     """`adapt convert --stages mlm,contrastive --pairs FILE`: two stages, one published encoder."""
     corpus = tmp_path / "c.txt"
