@@ -6,7 +6,7 @@
     adapt export SOURCE -o DIR      write an embedding encoder with another pooling or dtype [--backend onnx|openvino]
     adapt embed ENCODER [TEXT ...]  embed text [-o DIR/: resumable shards; torchrun: several processes]
     adapt finetune ENCODER --data TRAIN -o DIR / adapt classify DIR --input FILE
-    adapt bench MODEL [MODEL ...]   retrieval, classification and similarity, side by side
+    adapt bench MODEL [MODEL ...]   retrieval, classification and similarity, side by side [torchrun: several processes]
 
 Several processes: ``accelerate launch --config_file "$(adapt presets --path accelerate/ddp)" -m adapt convert ...``.
 """
@@ -300,7 +300,11 @@ def classify(model_dir, texts, input_path, output_path, field, batch_size):
 @_friendly
 def bench(models, suite, tasks, out_dir, baselines, source, batch_size, max_length, limit, no_cache, no_card, quiet):
     """Benchmark MODELS (encoders, converted runs, raw decoders as PATH@pooling=last,bidirectional=false,
-    sentence-transformers models) on retrieval, classification and similarity, side by side."""
+    sentence-transformers models) on retrieval, classification and similarity, side by side.
+
+    Several processes: `torchrun --nproc_per_node N -m adapt bench MODEL ...` (or `accelerate launch
+    --multi_gpu --num_processes N -m adapt bench ...`): each encodes its share of every task's texts;
+    process 0 scores (the same scores as one process) and writes the reports."""
     from adapt.bench.runner import run_bench, task_refs
 
     if suite is None and not tasks:
@@ -311,7 +315,8 @@ def bench(models, suite, tasks, out_dir, baselines, source, batch_size, max_leng
     report = run_bench(list(models), suite=suite, tasks=tasks or None, out_dir=out_dir, baselines=baselines,
                        source=source, batch_size=batch_size, max_length=max_length, limit=limit,
                        show_progress=not quiet, use_cache=not no_cache, update_cards=not no_card)
-    click.echo(report.markdown)
+    if report is not None:  # None in processes other than 0 of a multi-process launch
+        click.echo(report.markdown)
 
 
 if __name__ == "__main__":
