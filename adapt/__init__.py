@@ -4,8 +4,9 @@ import logging
 
 class _BitsandbytesCpuKernelNotice(logging.Filter):
     """bitsandbytes logs, at import, that its optional CPU kernel (from the `kernels` package, fetched from
-    a hub) is missing. peft and sentence-transformers import bitsandbytes on every run, quantized or not,
-    and the line reads like an install error; the portable CPU path it falls back to works (tested).
+    a hub) is missing. peft and sentence-transformers import bitsandbytes whenever they are imported (the
+    commands keep it out of runs that do not quantize: adapt.bnb; Python API users still get it), and the
+    line reads like an install error; the portable CPU path it falls back to works (tested).
     adapt says so itself when a run asks for quantization on the CPU (adapt.loading)."""
 
     def filter(self, record: logging.LogRecord) -> bool:

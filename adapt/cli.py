@@ -6,7 +6,7 @@
     adapt export SOURCE -o DIR      write an embedding encoder with another pooling or dtype [--backend onnx|openvino]
     adapt embed ENCODER [TEXT ...]  embed text [-o DIR/: resumable shards; torchrun: several processes]
     adapt finetune ENCODER --data TRAIN -o DIR / adapt classify DIR --input FILE
-    adapt bench MODEL [MODEL ...]   retrieval, classification and similarity, side by side
+    adapt bench MODEL [MODEL ...]   retrieval, classification and similarity, side by side [torchrun: several processes]
 
 Several processes: ``accelerate launch --config_file "$(adapt presets --path accelerate/ddp)" -m adapt convert ...``.
 """
@@ -21,6 +21,14 @@ import sys
 import click
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _no_bitsandbytes() -> None:
+    """Commands that never quantize keep bitsandbytes out of the process (ADAPT_ALLOW_BNB=1 lets it in);
+    `adapt convert` decides once its configuration is resolved."""
+    from adapt.bnb import hide_bitsandbytes
+
+    hide_bitsandbytes()
 
 
 def _friendly(fn):
@@ -71,7 +79,7 @@ def convert(model, out, preset, data, objective, tuning, max_steps, stages, pair
 
     result = run(model, out, preset=preset, overrides=list(overrides), data=list(data) or None, objective=objective,
                  tuning=tuning, max_steps=max_steps, stages=stages, pairs=pairs, resume=resume, overwrite=overwrite,
-                 show_progress=not quiet)
+                 show_progress=not quiet, hide_bnb=True)
     s = result.summary
     if not s:  # not the main process
         return
@@ -130,6 +138,7 @@ def probe(model, bidirectional):
     from adapt.config import ModelConfig
     from adapt.loading import load_decoder
 
+    _no_bitsandbytes()
     m, _ = load_decoder(ModelConfig(source=model), bidirectional=bidirectional)
     report = run_probe(m)
     click.echo(json.dumps(report.to_dict(), indent=2))
@@ -166,6 +175,7 @@ def export(source, out, pooling, normalize, max_seq_length, dtype, prompts, back
     With --backend onnx|openvino the folder also holds that graph, and `adapt embed` runs it."""
     from adapt.rebuild import export_from_path
 
+    _no_bitsandbytes()  # --quantize is ONNX/OpenVINO int8, not bitsandbytes
     if quantize and backend == "torch":
         raise click.UsageError("--quantize needs --backend onnx or openvino")
     path = export_from_path(source, out, pooling=pooling, normalize=normalize, max_seq_length=max_seq_length,
@@ -214,6 +224,7 @@ def embed(encoder, texts, input_path, output_path, field, prompt_name, batch_siz
     from adapt.embed_io import embed as run
     from adapt.embed_io import merge_shards
 
+    _no_bitsandbytes()
     if merge_dir:
         if encoder or texts or input_path:
             raise click.UsageError("--merge DIR takes no ENCODER, TEXT or --input: it joins DIR's shards into -o FILE")
@@ -255,6 +266,7 @@ def finetune(encoder, train_path, eval_path, out, text_field, label_field, tunin
     """Fine-tune ENCODER into a sequence classifier that plain transformers loads (pipeline, AutoModel...)."""
     from adapt.finetune import finetune as run
 
+    _no_bitsandbytes()
     metrics = run(encoder, train_path, out, eval_path=eval_path, text_field=text_field, label_field=label_field,
                   tuning=tuning, epochs=epochs, lr=lr, batch_size=batch_size, max_length=max_length,
                   patience=patience, seed=seed, show_progress=not quiet)
@@ -273,6 +285,7 @@ def classify(model_dir, texts, input_path, output_path, field, batch_size):
     """Label TEXT arguments or a file with a classifier made by `adapt finetune`."""
     from adapt.finetune import classify as run
 
+    _no_bitsandbytes()
     if not texts and input_path is None:
         raise click.UsageError("give TEXT arguments or --input FILE")
     rows = run(model_dir, input_path=input_path, texts=list(texts) or None, output_path=output_path, field=field,
@@ -300,9 +313,14 @@ def classify(model_dir, texts, input_path, output_path, field, batch_size):
 @_friendly
 def bench(models, suite, tasks, out_dir, baselines, source, batch_size, max_length, limit, no_cache, no_card, quiet):
     """Benchmark MODELS (encoders, converted runs, raw decoders as PATH@pooling=last,bidirectional=false,
-    sentence-transformers models) on retrieval, classification and similarity, side by side."""
+    sentence-transformers models) on retrieval, classification and similarity, side by side.
+
+    Several processes: `torchrun --nproc_per_node N -m adapt bench MODEL ...` (or `accelerate launch
+    --multi_gpu --num_processes N -m adapt bench ...`): each encodes its share of every task's texts;
+    process 0 scores (the same scores as one process) and writes the reports."""
     from adapt.bench.runner import run_bench, task_refs
 
+    _no_bitsandbytes()
     if suite is None and not tasks:
         suite = "quick"
     tasks = list(tasks)
@@ -311,7 +329,8 @@ def bench(models, suite, tasks, out_dir, baselines, source, batch_size, max_leng
     report = run_bench(list(models), suite=suite, tasks=tasks or None, out_dir=out_dir, baselines=baselines,
                        source=source, batch_size=batch_size, max_length=max_length, limit=limit,
                        show_progress=not quiet, use_cache=not no_cache, update_cards=not no_card)
-    click.echo(report.markdown)
+    if report is not None:  # None in processes other than 0 of a multi-process launch
+        click.echo(report.markdown)
 
 
 if __name__ == "__main__":

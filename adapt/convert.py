@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from adapt.bnb import hide_bitsandbytes, quantizes
 from adapt.config import DEFAULT_PRESET, RunConfig, build_config
 from adapt.errors import ConfigError
 from adapt.runner import run_stage
@@ -27,19 +28,24 @@ class ConvertResult:
 def convert(source: str | None, out: str | Path, *, preset: str | None = None, overrides: list[str] = (),
             data: list[str] | None = None, objective: str | None = None, tuning: str | None = None,
             max_steps: int | None = None, stages=None, pairs=None, resume: bool = False, overwrite: bool = False,
-            show_progress: bool = True, accelerator=None) -> ConvertResult:
+            show_progress: bool = True, accelerator=None, hide_bnb: bool = False) -> ConvertResult:
     """Convert ``source`` into a bidirectional encoder at ``out`` (see the module docstring). With no
-    ``preset``, the ``default`` preset's recipe runs (``adapt presets default``)."""
+    ``preset``, the ``default`` preset's recipe runs (``adapt presets default``).
+
+    ``hide_bnb`` (the CLI's choice): once the configuration is resolved, keep bitsandbytes out of the
+    process when no stage quantizes (:func:`adapt.bnb.hide_bitsandbytes`)."""
     preset = preset or DEFAULT_PRESET
     if uses_stages(stages=stages, pairs=pairs, preset=preset):
         if accelerator is not None:
             raise ConfigError("a chain of stages builds one Accelerator per stage: do not pass accelerator=")
         chain = run_stages(source, out, stages=stages, pairs=pairs, preset=preset, overrides=overrides, data=data,
                            objective=objective, tuning=tuning, max_steps=max_steps, resume=resume,
-                           overwrite=overwrite, show_progress=show_progress)
+                           overwrite=overwrite, show_progress=show_progress, hide_bnb=hide_bnb)
         return ConvertResult(chain.out, chain.stages[-1].config, chain.summary, chain.stages)
     cfg = build_config(preset, list(overrides), model__source=source, data__sources=list(data) if data else None,
                        objective__schedule=objective, tuning__method=tuning, train__max_steps=max_steps)
+    if hide_bnb and not quantizes(cfg.tuning):
+        hide_bitsandbytes()
     result = run_stage(cfg, out, resume=resume, overwrite=overwrite, show_progress=show_progress,
                        accelerator=accelerator)
     return ConvertResult(result.out, result.config, result.summary)

@@ -29,6 +29,7 @@ import torch
 from adapt.arch import facts_for, preferred_attention
 from adapt.backends import BACKENDS, BackendModel, folder_backend
 from adapt.bidirectional import is_bidirectional, make_bidirectional, position_ids_from_mask, prepare_config
+from adapt.bnb import check_quantized_weights
 from adapt.errors import ConfigError, ModelLoadError
 from adapt.export import read_st_settings
 from adapt.loading import looks_like_hub_id, parse_dtype, resolve_source
@@ -278,6 +279,7 @@ def load_encoder(source, *, pooling: str | None = None, bidirectional: bool | No
     hf_logging.disable_progress_bar()  # nor are per-tensor loading bars in `adapt embed` output
     try:
         config = AutoConfig.from_pretrained(model_dir, gguf_file=gguf_file, trust_remote_code=trust_remote_code)
+        check_quantized_weights(config, source)
         if bidirectional is True:
             prepare_config(config)
         elif bidirectional is False:
@@ -291,6 +293,8 @@ def load_encoder(source, *, pooling: str | None = None, bidirectional: bool | No
                 del model.config.quantization_config
             model.hf_quantizer = None
             model.to(torch_dtype)
+    except ConfigError:
+        raise
     except Exception as err:  # noqa: BLE001 - every failure here is "this is not a model we can load"
         where = "" if path.exists() or gguf_file else " (no such local folder, so it was tried as a hub id)"
         raise ModelLoadError(f"cannot load an encoder from {source}{where}: {type(err).__name__}: {err}") from err

@@ -16,6 +16,7 @@ import torch
 
 from adapt.arch import facts_for, preferred_attention
 from adapt.bidirectional import is_decoder_only, prepare_config
+from adapt.bnb import check_quantized_weights, quantizes, require_bitsandbytes
 from adapt.config import ModelConfig, TuningConfig
 from adapt.errors import ConfigError, ModelLoadError
 
@@ -103,6 +104,7 @@ def load_config(cfg: ModelConfig, source: Source | None = None):
         raise ModelLoadError(f"cannot load a model config from {source.path!r} as a {where}: {e}") from None
     except ValueError as e:
         raise ModelLoadError(f"{source.path}: {e}") from None
+    check_quantized_weights(config, source.path)
     model_type = getattr(config, "model_type", "")
     # Families with a masked-LM head in transformers (BERT, RoBERTa, ...) are encoders that can
     # also be run as decoders; they are already bidirectional and are not what adapt converts.
@@ -129,8 +131,9 @@ def _check_weights(source: Source, cfg: ModelConfig) -> None:
 
 
 def quantization_config(tuning: TuningConfig | None):
-    if tuning is None or tuning.method != "qlora":
+    if not quantizes(tuning):
         return None
+    require_bitsandbytes("tuning.method=qlora")
     from transformers import BitsAndBytesConfig
 
     if tuning.quant_bits == 8:
@@ -311,9 +314,12 @@ def load_sequence_classifier(model_dir, labels: list[str], *, dtype: torch.dtype
         config = AutoConfig.from_pretrained(str(model_dir), num_labels=len(labels), id2label=id2label,
                                             label2id={v: k for k, v in id2label.items()})
         config.pad_token_id = tokenizer.pad_token_id
+        check_quantized_weights(config, model_dir)
         prepare_config(config)
         model = AutoModelForSequenceClassification.from_pretrained(
             str(model_dir), config=config, attn_implementation=preferred_attention(config), dtype=dtype)
+    except ConfigError:
+        raise
     except Exception as err:  # noqa: BLE001
         raise ModelLoadError(f"cannot load a classifier base from {model_dir}: {type(err).__name__}: {err}") from err
     finally:

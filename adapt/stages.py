@@ -35,6 +35,7 @@ import yaml
 
 from adapt import layout
 from adapt.arch import preferred_attention
+from adapt.bnb import hide_bitsandbytes, quantizes
 from adapt.config import SECTIONS, RunConfig, apply_overrides, check_stages, load_preset
 from adapt.errors import ConfigError
 from adapt.export import MANIFEST, export_encoder
@@ -209,12 +210,13 @@ def _reset_accelerate() -> None:
 
 def run_stages(source, out, *, stages=None, pairs=None, preset=None, overrides=(), data=None, objective=None,
                tuning=None, max_steps=None, resume: bool = False, overwrite: bool = False,
-               show_progress: bool = True) -> StagesResult:
+               show_progress: bool = True, hide_bnb: bool = False) -> StagesResult:
     """Run the stages into ``out`` (see the module docstring); returns the plan and the chain summary.
 
     ``stages``: "mlm,simcse", a list of kinds, or None for the preset's ``stages``. ``pairs``: the
     JSON-lines file of a ``contrastive`` stage. ``data``, ``objective`` (masked stages), ``tuning``,
     ``max_steps`` and ``overrides`` (``--set``) apply to every stage; see :func:`plan_stages`.
+    ``hide_bnb``: keep bitsandbytes out of the process when no stage quantizes (see :mod:`adapt.loading`).
     """
     from accelerate import PartialState
     from accelerate.utils import parse_flag_from_env
@@ -224,6 +226,8 @@ def run_stages(source, out, *, stages=None, pairs=None, preset=None, overrides=(
     plan = plan_stages(source, out, stages=stages, pairs=pairs, preset=preset, overrides=overrides, data=data,
                        objective=objective, tuning=tuning, max_steps=max_steps)
     _validate_data(plan)
+    if hide_bnb and not any(quantizes(stage.config.tuning) for stage in plan):
+        hide_bitsandbytes()
     state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))  # as Accelerator() reads it
     if state.is_main_process:
         _prepare_out(out, plan, resume=resume, overwrite=overwrite)

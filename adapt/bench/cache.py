@@ -4,6 +4,10 @@ Embeddings are stored as ``.npy`` files under ``OUT/cache/<model>/<key>.npy``, k
 (fingerprint, spec, max_length), the prompt name and a hash of the exact texts. A later run with one
 more model therefore only encodes that model, and tasks over the same texts share embeddings.
 Files are written to a temporary name and renamed, so an interrupted run leaves no torn file.
+
+Under several processes (``torchrun`` / ``accelerate launch``, see :mod:`adapt.embed_shards`) each
+process encodes its share of a text group's batches, the shares are gathered in input order, and only
+process 0 reads and writes the cache (it tells the others what it found).
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from adapt.embed_shards import Processes, gather
 from adapt.errors import AdaptError
 
 
@@ -71,34 +76,50 @@ class EmbeddingCache:
 
 
 def embed(encoder, texts: list[str], *, prompt: str | None, batch_size: int, cache: EmbeddingCache,
-          model_key: str, model_name: str) -> np.ndarray:
+          model_key: str, model_name: str, procs: Processes | None = None) -> np.ndarray:
     """Embeddings of ``texts`` (float32, one row per text), from the cache or from ``encoder``.
 
-    Texts are encoded longest first so that batches hold texts of similar length (less padding),
-    then put back in their order. ``prompt`` is passed only to encoders that declare it in a
+    Texts are sorted longest first and cut into blocks of ``batch_size`` (similar lengths in a block:
+    less padding), then put back in their order. Each block is one ``encode`` call, and under ``procs``
+    of several processes process ``rank`` encodes the blocks ``k`` with ``k % world == rank``: the same
+    calls on the same texts as in one process, so the vectors (and the scores) are the same bit for bit.
+    Every process gets the whole array. ``prompt`` is passed only to encoders that declare it in a
     ``prompts`` mapping (sentence-transformers style); others embed the raw text.
     """
+    procs = procs or Processes()
     if not texts:
         raise AdaptError("nothing to embed: the task has no texts")
     path = cache.path(model_key, model_name, prompt, texts)
-    cached = cache.get(path, len(texts))
+    cached = cache.get(path, len(texts)) if procs.main else None
+    if procs.world > 1:  # process 0 alone reads the cache: one answer for all
+        cached = gather(procs, cached)[0]
     if cached is not None:
         cache.hits += 1
         return cached
     cache.misses += 1
     order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+    blocks = [order[at:at + batch_size] for at in range(0, len(order), batch_size)]
     prompts = getattr(encoder, "prompts", None) or {}
     kwargs = {"prompt_name": prompt} if prompt and prompt in prompts else {}
+    mine = []
     with warnings.catch_warnings():  # texts beyond max_length are cut on purpose in a benchmark
         warnings.filterwarnings("ignore", message=r".*were truncated")
-        out = encoder.encode([texts[i] for i in order], batch_size=batch_size, show_progress=False, **kwargs)
-    out = np.asarray(out, dtype=np.float32)
-    if out.ndim != 2 or out.shape[0] != len(texts):
-        raise AdaptError(f"{model_name}: encode returned shape {out.shape} for {len(texts)} texts; expected (n, dim)")
+        for block in blocks[procs.rank::procs.world]:
+            mine.append(np.asarray(encoder.encode([texts[i] for i in block], batch_size=batch_size,
+                                                  show_progress=False, **kwargs), dtype=np.float32))
+    shares = gather(procs, mine) if procs.world > 1 else [mine]
+    parts = [shares[k % procs.world][k // procs.world] for k in range(len(blocks))]  # block k, in order
+    if any(part.ndim != 2 or part.shape[0] != len(block) for part, block in zip(parts, blocks)) or \
+            len({part.shape[1] for part in parts}) > 1:
+        shapes = sorted({part.shape for part in parts})
+        raise AdaptError(f"{model_name}: encode returned shapes {shapes} for blocks of up to {batch_size} texts; "
+                         "expected (texts, dim)")
+    out = np.concatenate(parts)
     if not np.isfinite(out).all():
         raise AdaptError(f"{model_name}: encode returned NaN or infinite values; the model is broken "
                          "(try dtype=float32)")
     emb = np.empty_like(out)
     emb[np.asarray(order)] = out
-    cache.put(path, emb)
+    if procs.main:
+        cache.put(path, emb)
     return emb

@@ -143,12 +143,12 @@ def baseline_specs(model: ModelSpec, source: str | None = None) -> list[ModelSpe
 Loader = Callable[[ModelSpec, int | None], EncoderLike]
 
 
-def default_loader(spec: ModelSpec, max_length: int | None) -> EncoderLike:
-    """Load ``spec`` with :func:`adapt.encoder.load_encoder`."""
+def default_loader(spec: ModelSpec, max_length: int | None, device: str | None = None) -> EncoderLike:
+    """Load ``spec`` with :func:`adapt.encoder.load_encoder` (``device`` None: the best available)."""
     from adapt.encoder import load_encoder
 
     return load_encoder(spec.source, pooling=spec.pooling, bidirectional=spec.bidirectional,
-                        normalize=spec.normalize, dtype=spec.dtype, max_length=max_length)
+                        normalize=spec.normalize, dtype=spec.dtype, max_length=max_length, device=device)
 
 
 def encoder_key(encoder: EncoderLike, spec: ModelSpec | None, max_length: int | None) -> str:

@@ -5,9 +5,16 @@ Example::
     from adapt.bench import run_bench
     report = run_bench(["out/smollm2-mntp"], suite="quick", out_dir="bench-out", baselines=True)
     print(report.markdown)
+
+Under several processes (``torchrun --nproc_per_node N -m adapt bench ...`` or ``accelerate launch``)
+every process loads each model (one GPU each) and encodes its share of each task's texts
+(:func:`adapt.bench.cache.embed`); process 0 alone scores, writes the reports and the cache, and
+updates the model cards, while the others wait. MTEB tasks call the encoder from inside mteb's
+evaluation, so every process runs it and process 0's scores are kept.
 """
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import time
@@ -22,6 +29,7 @@ from adapt.bench.models import (Loader, baseline_specs, default_loader, default_
                                 expand_models)
 from adapt.bench.report import BenchReport, versions, write_reports
 from adapt.bench.tasks import Task
+from adapt.embed_shards import Processes, barrier, end_group, processes, start_group
 from adapt.io_utils import atomic_write_text
 from adapt.errors import ConfigError, DataError
 
@@ -123,7 +131,7 @@ def run_bench(models: list, *, suite: str | None = "quick", tasks: list | None =
               out_dir: str | Path, baselines: bool = False, source: str | None = None, batch_size: int = 32,
               max_length: int | None = 256, limit: int | None = None, show_progress: bool = True,
               loader: Loader | None = None, use_cache: bool = True, update_cards: bool = True,
-              references: bool | None = None, reference: str | None = None) -> BenchReport:
+              references: bool | None = None, reference: str | None = None) -> BenchReport | None:
     """Score ``models`` on a suite (or on ``tasks``) and write results.json/.md/.png under ``out_dir``.
 
     ``models``: paths / hub ids / ``SOURCE@pooling=last,bidirectional=false`` strings, ModelSpec
@@ -139,6 +147,8 @@ def run_bench(models: list, *, suite: str | None = "quick", tasks: list | None =
     model), as does the average over tasks (see ``adapt.bench.stats``).
     Embeddings are cached under ``out_dir/cache`` unless ``use_cache`` is False. ``update_cards``: the
     main scores of each adapt-exported encoder (next to its baselines') go into its model card.
+    Under several processes (see the module docstring) only process 0 returns the report; the others
+    return None once it is written.
     """
     from tqdm.auto import tqdm
 
@@ -155,12 +165,15 @@ def run_bench(models: list, *, suite: str | None = "quick", tasks: list | None =
     if reference not in display:
         raise ConfigError(f"reference {reference!r} is not one of the benchmarked models: {', '.join(display)}")
     cache = EmbeddingCache(out_dir / "cache" if use_cache else None)
-    loader = loader or default_loader
+    procs = processes()
+    loader = loader or functools.partial(default_loader, device=_device(procs))
     env = versions()
     rows: list[dict] = []
     items: dict[tuple[str, str], stats.ItemScores] = {}
     title = f"adapt bench: {suite}" if not tasks and suite else "adapt bench"
-    bar = tqdm(total=len(entries) * len(resolved), disable=not show_progress, desc="bench", unit="task")
+    bar = tqdm(total=len(entries) * len(resolved), disable=not show_progress or not procs.main, desc="bench",
+               unit="task")
+    made_group = start_group(procs)
     try:
         for (spec, encoder), name in zip(entries, display):
             bar.set_postfix_str(f"loading {name}")
@@ -169,9 +182,9 @@ def run_bench(models: list, *, suite: str | None = "quick", tasks: list | None =
             for task in resolved:
                 bar.set_postfix_str(f"{name}: {task.name}")
                 start = time.perf_counter()
-                result = _score(task, encoder, cache, key, name, batch_size)
+                result = _score(task, encoder, cache, key, name, batch_size, procs)
                 bar.update(1)
-                if result is None:  # BM25 on a task that is not retrieval
+                if result is None:  # BM25 on a task that is not retrieval, or not process 0
                     continue
                 scores, main, n, kind, evidence = result
                 seconds = round(time.perf_counter() - start, 3)
@@ -184,11 +197,32 @@ def run_bench(models: list, *, suite: str | None = "quick", tasks: list | None =
             del encoder
             gc.collect()
     except BaseException:
-        if rows:  # keep what was scored before the failure (or Ctrl-C); embeddings are cached too
+        if rows and procs.main:  # keep what was scored before the failure (or Ctrl-C); embeddings are cached too
             write_reports(stats.annotate(rows, items, reference, names), out_dir, title + " (incomplete)")
         raise
     finally:
         bar.close()
+    try:
+        return _finish(rows, items, entries, display, reference, names, out_dir, title, cache, baselines, source,
+                       update_cards) if procs.main else None
+    finally:
+        if made_group:
+            barrier(procs)  # the others wait until process 0 has written the reports and the cards
+            end_group()
+
+
+def _device(procs: Processes) -> str | None:
+    """One GPU per process under several processes; else the loader's default."""
+    if procs.world == 1:
+        return None
+    import torch
+
+    return f"cuda:{procs.local_rank}" if torch.cuda.is_available() else None
+
+
+def _finish(rows, items, entries, display, reference, names, out_dir, title, cache, baselines, source,
+            update_cards) -> BenchReport:
+    """Process 0: the reports, the verdict lines and the model cards."""
     report = write_reports(stats.annotate(rows, items, reference, names), out_dir, title)
     report.cache_hits, report.cache_misses = cache.hits, cache.misses
     lines = {}  # converted model -> its verdict line
@@ -247,24 +281,27 @@ def _update_cards(entries, display, report: BenchReport, source: str | None, tit
             log.info("benchmark results recorded in %s/README.md", spec.source)
 
 
-def _score(task, encoder, cache: EmbeddingCache, key: str, name: str, batch_size: int):
+def _score(task, encoder, cache: EmbeddingCache, key: str, name: str, batch_size: int, procs: Processes):
     """(metric -> value, main metric, n, kind, per-item evidence or None) of one model on one task;
-    None when the model does not apply (BM25 on a task that is not retrieval)."""
+    None when the model does not apply (BM25 on a task that is not retrieval) and in processes other than 0
+    (they encode their share and wait)."""
     if isinstance(encoder, BM25Baseline):
-        result = encoder.evaluate(task) if isinstance(task, Task) else None
+        result = encoder.evaluate(task) if isinstance(task, Task) and procs.main else None
         return None if result is None else (*result[:1], task.main_metric, task.n, task.kind, result[1])
     if isinstance(task, MtebTaskRef):
         from adapt.bench import mteb_tasks
 
         def embed_fn(texts, prompt):
             return embed(encoder, texts, prompt=prompt, batch_size=batch_size, cache=cache, model_key=key,
-                         model_name=name)
+                         model_name=name, procs=procs)
 
         scores, main, n = mteb_tasks.evaluate(task.task, embed_fn, model_name=name, batch_size=batch_size,
                                               prompts=getattr(encoder, "prompts", None))
-        return scores, main, n, task.kind, None
+        return (scores, main, n, task.kind, None) if procs.main else None
     embeddings = {group: embed(encoder, g.texts, prompt=g.prompt, batch_size=batch_size, cache=cache,
-                               model_key=key, model_name=name)
+                               model_key=key, model_name=name, procs=procs)
                   for group, g in task.groups().items()}
+    if not procs.main:
+        return None
     scores, evidence = task.evaluate(embeddings)
     return scores, task.main_metric, task.n, task.kind, evidence
