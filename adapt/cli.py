@@ -198,7 +198,10 @@ def export(source, out, pooling, normalize, max_seq_length, dtype, prompts, back
 @click.option("--prompt", "prompt_name", help="Prompt name stored in the encoder (e.g. query).")
 @click.option("--batch-size", type=int, default=32, show_default=True)
 @click.option("--max-length", type=int, help="Truncate texts to this many tokens (counted in a warning).")
-@click.option("--normalize/--no-normalize", default=None, help="L2-normalize (default: as the encoder says).")
+@click.option("--normalize/--no-normalize", default=None, help="L2-normalize (default: as the encoder says; with "
+              "--dim: yes).")
+@click.option("--dim", type=click.IntRange(min=1), help="Keep the first N dimensions, re-normalized (an encoder trained "
+              "with contrastive.matryoshka_dims: its model card lists the sizes).")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto", show_default=True)
 @click.option("--device", help="cpu, cuda, cuda:1, mps (default: best available; one GPU per process).")
 @click.option("--backend", type=click.Choice(["torch", "onnx", "openvino"]), help="Default: the graph ENCODER holds "
@@ -211,8 +214,8 @@ def export(source, out, pooling, normalize, max_seq_length, dtype, prompts, back
 @click.option("--allow-causal", is_flag=True, help="Embed with a causal model (a decoder never converted) as it is.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @_friendly
-def embed(encoder, texts, input_path, output_path, field, prompt_name, batch_size, max_length, normalize, dtype, device,
-          backend, shards, shard_size, merge_dir, allow_causal, quiet):
+def embed(encoder, texts, input_path, output_path, field, prompt_name, batch_size, max_length, normalize, dim, dtype,
+          device, backend, shards, shard_size, merge_dir, allow_causal, quiet):
     """Embed TEXT arguments, a file, or stdin with ENCODER; vectors come out in input order.
 
     An empty text is embedded as the tokenizer's empty input (its special tokens, or EOS when it
@@ -240,7 +243,7 @@ def embed(encoder, texts, input_path, output_path, field, prompt_name, batch_siz
     summary = run(encoder, texts=list(texts) or None, input_path=input_path, output_path=output_path, field=field,
                   prompt_name=prompt_name, batch_size=batch_size, max_length=max_length, normalize=normalize,
                   dtype=dtype, device=device, show_progress=not quiet, allow_causal=allow_causal, backend=backend,
-                  shards=shards, shard_size=shard_size)
+                  shards=shards, shard_size=shard_size, dim=dim)
     if output_path and int(os.environ.get("RANK", 0)) == 0:
         click.echo(f"embedded {summary.n} texts -> {summary.output} ({summary.dim} dims, {summary.seconds:.1f} s)", err=True)
         click.echo(summary.rate_line(), err=True)
@@ -309,9 +312,12 @@ def classify(model_dir, texts, input_path, output_path, field, batch_size):
 @click.option("--limit", type=int, help="At most this many examples per task (quick looks).")
 @click.option("--no-cache", is_flag=True, help="Re-encode even when cached embeddings exist.")
 @click.option("--no-card", is_flag=True, help="Do not write the scores into the model cards of adapt encoders.")
+@click.option("--dims", help="Score each model's vectors cut to each of these sizes, e.g. full,256,64 (Matryoshka): "
+              "rows NAME@dim=N.")
 @click.option("--quiet", is_flag=True)
 @_friendly
-def bench(models, suite, tasks, out_dir, baselines, source, batch_size, max_length, limit, no_cache, no_card, quiet):
+def bench(models, suite, tasks, out_dir, baselines, source, batch_size, max_length, limit, no_cache, no_card, dims,
+          quiet):
     """Benchmark MODELS (encoders, converted runs, raw decoders as PATH@pooling=last,bidirectional=false,
     sentence-transformers models) on retrieval, classification and similarity, side by side.
 
@@ -328,7 +334,7 @@ def bench(models, suite, tasks, out_dir, baselines, source, batch_size, max_leng
         tasks = [t for t in task_refs(suite, None) if t not in tasks] + tasks
     report = run_bench(list(models), suite=suite, tasks=tasks or None, out_dir=out_dir, baselines=baselines,
                        source=source, batch_size=batch_size, max_length=max_length, limit=limit,
-                       show_progress=not quiet, use_cache=not no_cache, update_cards=not no_card)
+                       show_progress=not quiet, use_cache=not no_cache, update_cards=not no_card, dims=dims)
     if report is not None:  # None in processes other than 0 of a multi-process launch
         click.echo(report.markdown)
 

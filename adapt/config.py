@@ -208,6 +208,12 @@ class ContrastiveConfig:
                                   "data", None)
     crop_ratio: list = _help("crops: each span is this fraction of its document's words, drawn uniformly "
                              "between the two bounds (Contriever: 0.1 to 0.5)", default_factory=lambda: [0.1, 0.5])
+    matryoshka_dims: list = _help("Matryoshka: also train the first N dimensions of the pooled vector, each prefix "
+                                  "re-normalized, for every N listed ('full': the model's hidden size), so the "
+                                  "encoder serves truncated vectors, e.g. [full, 256, 128, 64]; [] off",
+                                  default_factory=list)
+    matryoshka_weights: list = _help("Matryoshka: the loss weight of each of matryoshka_dims (same order); [] all 1",
+                                     default_factory=list)
 
     def __post_init__(self):
         _check(self.loss in CONTRASTIVE_LOSSES,
@@ -226,6 +232,22 @@ class ContrastiveConfig:
         self.crop_ratio = [float(x) for x in self.crop_ratio]
         _check(isinstance(self.query_prompt, str) and isinstance(self.document_prompt, str),
                "contrastive.query_prompt and document_prompt must be strings")
+        check_matryoshka(self.matryoshka_dims, self.matryoshka_weights)
+
+
+def check_matryoshka(dims, weights) -> None:
+    """The shape of ``contrastive.matryoshka_dims`` / ``matryoshka_weights`` (the sizes are checked against the
+    model's hidden size when it is known: ``adapt.objectives.infonce.matryoshka_sizes``)."""
+    key = "contrastive.matryoshka_dims"
+    _check(isinstance(dims, (list, tuple)), f"{key} must be a list like [full, 256, 64], not {dims!r}")
+    for d in dims:
+        _check(d == "full" or isinstance(d, int) and not isinstance(d, bool) and d > 0,
+               f"{key}: {d!r} is neither a positive number of dimensions nor 'full' (the model's hidden size)")
+    _check(len(set(dims)) == len(dims), f"{key} lists a size twice: {list(dims)}")
+    _check(isinstance(weights, (list, tuple)) and (not weights or len(weights) == len(dims)),
+           f"contrastive.matryoshka_weights must be [] or one weight per size of {key} ({len(dims)}), not {weights!r}")
+    _check(all(isinstance(w, (int, float)) and not isinstance(w, bool) and w > 0 for w in weights),
+           f"contrastive.matryoshka_weights must be positive numbers, not {weights!r}")
 
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "objective": ObjectiveConfig, "tuning": TuningConfig,

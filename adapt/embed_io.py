@@ -280,7 +280,7 @@ def embed(encoder_source, texts: Iterable[str] | None = None, input_path=None, o
           field: str = "text", prompt_name: str | None = None, batch_size: int = 32, max_length: int | None = None,
           normalize: bool | None = None, dtype="auto", device: str | None = None, show_progress: bool = True,
           chunk_size: int = 10_000, allow_causal: bool = False, backend: str | None = None,
-          shards: bool | None = None, shard_size: int = 10_000) -> EmbedSummary:
+          shards: bool | None = None, shard_size: int = 10_000, dim: int | None = None) -> EmbedSummary:
     """``adapt embed``: encode texts (arguments, a file or stdin) and write the vectors (file or stdout).
 
     A causal model (a decoder never converted: ``is_causal`` is not false) is refused unless
@@ -294,8 +294,13 @@ def embed(encoder_source, texts: Iterable[str] | None = None, input_path=None, o
     when ``shards`` is true (``vectors.npy`` then gets its shards in ``vectors.npy.shards/`` and is
     merged from them at the end), and always under several processes (``torchrun`` / ``accelerate
     launch``): each process embeds its share of the shards; a rerun skips the finished ones.
+
+    ``dim``: keep the first ``dim`` dimensions (an encoder trained with Matryoshka sizes), re-normalized
+    unless ``normalize`` is False.
     """
-    from adapt.encoder import Encoder, backend_of, load_encoder
+    from adapt.encoder import Encoder, backend_of, load_encoder, truncated
+
+    normalize = True if dim is not None and normalize is None else normalize
 
     procs = processes()
     sharded = bool(shards) or procs.world > 1 or is_shard_folder(output_path)
@@ -324,8 +329,9 @@ def embed(encoder_source, texts: Iterable[str] | None = None, input_path=None, o
         device = f"cuda:{procs.local_rank}" if torch.cuda.is_available() else None
     made_group = start_group(procs) if sharded else False
     try:
-        encoder = encoder_source if isinstance(encoder_source, Encoder) else load_encoder(
-            encoder_source, normalize=normalize, dtype=dtype, device=device, max_length=max_length, backend=backend)
+        encoder = truncated(encoder_source, dim) if isinstance(encoder_source, Encoder) else load_encoder(
+            encoder_source, normalize=normalize, dtype=dtype, device=device, max_length=max_length, backend=backend,
+            truncate_dim=dim)
         if not allow_causal and attends_causally(encoder.model):
             raise ConfigError(f"{encoder.name} is a causal {encoder.model.config.model_type!r} model (config.is_causal "
                               "is not false): its vectors would see only the text to the left of each token. Convert "

@@ -13,6 +13,10 @@ Defined edge cases (counted, one warning per call): an empty text is embedded as
 encodes it (with a prompt: the prompt alone); when that is zero tokens, as a lone EOS token (else
 BOS, else pad) - sentence-transformers would pool zero tokens into a zero vector. A text longer
 than ``max_length`` tokens is truncated like the tokenizer truncates (special tokens kept).
+
+``truncate_dim`` keeps the first N dimensions of each vector (an encoder trained with Matryoshka sizes,
+``contrastive.matryoshka_dims``), as sentence-transformers' ``truncate_dim`` does; normalization, when
+on, applies to the truncated vector (as ``encode(normalize_embeddings=True)`` there).
 """
 from __future__ import annotations
 
@@ -75,6 +79,7 @@ class Encoder:
     do_lower_case: bool = False
     fingerprint: str = ""
     last_stats: EncodeStats = field(default_factory=EncodeStats)
+    truncate_dim: int | None = None  # keep the first N dimensions (see :func:`truncated`)
 
     def __post_init__(self):
         self.model.eval()
@@ -86,7 +91,8 @@ class Encoder:
 
     @property
     def dim(self) -> int:
-        return int(self.model.config.hidden_size)
+        full = int(self.model.config.hidden_size)
+        return min(full, self.truncate_dim) if self.truncate_dim else full
 
     @property
     def device(self) -> torch.device:
@@ -186,7 +192,7 @@ class Encoder:
             from tqdm.auto import tqdm
             batches = tqdm(batches, desc="Encoding", unit="batch")
         for rows in batches:
-            vectors = self._forward([ids[i] for i in rows], prompt_length)
+            vectors = self._forward([ids[i] for i in rows], prompt_length)[:, :self.dim]
             if self.normalize if normalize is None else normalize:
                 vectors = torch.nn.functional.normalize(vectors, p=2, dim=-1)
             out[rows] = vectors.cpu().numpy()
@@ -237,13 +243,14 @@ def _batches(order: list[int], lengths: list[int], batch_size: int, max_tokens: 
 def load_encoder(source, *, pooling: str | None = None, bidirectional: bool | None = None,
                  normalize: bool | None = None, dtype="auto", device: str | None = None,
                  max_length: int | None = None, trust_remote_code: bool = False,
-                 backend: str | None = None) -> Encoder:
+                 backend: str | None = None, truncate_dim: int | None = None) -> Encoder:
     """Load an exported encoder, a sentence-transformers model or a raw decoder (folder or hub id).
 
     ``dtype``: "auto" is fp32 on CPU and bf16 (else fp16) on a GPU; or bf16/fp16/fp32. ``backend``: None
     runs the graph an exported folder holds (``adapt export --backend onnx|openvino``, see
     :mod:`adapt.backends`) and torch otherwise; "torch", "onnx" or "openvino" ask for one. Anything
-    that is not a loadable model raises :class:`ModelLoadError` saying why.
+    that is not a loadable model raises :class:`ModelLoadError` saying why. ``truncate_dim``: see
+    :func:`truncated`.
     """
     from transformers import AutoConfig, AutoModel, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -269,8 +276,9 @@ def load_encoder(source, *, pooling: str | None = None, bidirectional: bool | No
     st = st or {"prompts": {}, "default_prompt_name": None, "include_prompt": True, "do_lower_case": False}
     graph = _pick_backend(path if st.get("transformer_path") else None, backend)
     if graph is not None:
-        return _load_graph_encoder(path, Path(model_dir), graph, st, pooling=pooling, normalize=normalize,
-                                   max_length=max_length, dtype=dtype, device=device)
+        return truncated(_load_graph_encoder(path, Path(model_dir), graph, st, pooling=pooling, normalize=normalize,
+                                             max_length=max_length, dtype=dtype, device=device), truncate_dim,
+                         st.get("matryoshka_dims"))
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch_dtype = parse_dtype(dtype) or (torch.float32 if device.type == "cpu" else
                                          torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
@@ -313,9 +321,27 @@ def load_encoder(source, *, pooling: str | None = None, bidirectional: bool | No
                                bidirectional=is_bidirectional(model), dtype=str(torch_dtype), normalize=normalize,
                                max_length=int(max_length), prompts=st["prompts"],
                                include_prompt=st["include_prompt"], do_lower_case=st["do_lower_case"])
-    return Encoder(model, tokenizer, name=name, pooling=pooling, normalize=normalize, max_length=int(max_length),
-                   prompts=st["prompts"], default_prompt_name=st["default_prompt_name"],
-                   include_prompt=st["include_prompt"], do_lower_case=st["do_lower_case"], fingerprint=fingerprint)
+    return truncated(Encoder(model, tokenizer, name=name, pooling=pooling, normalize=normalize,
+                             max_length=int(max_length), prompts=st["prompts"],
+                             default_prompt_name=st["default_prompt_name"], include_prompt=st["include_prompt"],
+                             do_lower_case=st["do_lower_case"], fingerprint=fingerprint),
+                     truncate_dim, st.get("matryoshka_dims"))
+
+
+def truncated(encoder: Encoder, dim: int | None, trained: list[int] | None = None) -> Encoder:
+    """``encoder`` giving the first ``dim`` dimensions of its vectors (None: all); ``trained``: the sizes its
+    folder records (``matryoshka_dims``): another size is allowed, with a warning."""
+    if dim is None:
+        return encoder
+    full = int(encoder.model.config.hidden_size)
+    if isinstance(dim, bool) or not isinstance(dim, int) or not 0 < dim <= full:
+        raise ConfigError(f"cannot truncate {encoder.name}'s vectors to {dim!r} dimensions: it has {full}; choose "
+                          f"1 to {full}" + (f" (trained sizes: {', '.join(map(str, trained))})" if trained else ""))
+    if trained and dim not in trained:
+        warnings.warn(f"{encoder.name} was trained for truncation to {', '.join(map(str, trained))} dimensions, not "
+                      f"{dim}: its vectors may lose more there", EncodeWarning, stacklevel=2)
+    key = hashlib.sha256(f"{encoder.fingerprint}|truncate_dim={dim}".encode()).hexdigest()[:16]
+    return replace(encoder, truncate_dim=dim, fingerprint=key, last_stats=EncodeStats())
 
 
 def _pick_backend(folder: Path | None, backend: str | None) -> dict | None:

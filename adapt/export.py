@@ -4,7 +4,7 @@ Layout of ``OUT`` (``OUT/run/`` with the training run's own files is never touch
 
     config.json  model.safetensors  tokenizer*     the backbone (``AutoModel``), ``"is_causal": false``
     modules.json  sentence_bert_config.json         Transformer at the root, attention pinned if needed
-    config_sentence_transformers.json               prompts, cosine similarity
+    config_sentence_transformers.json               prompts, cosine similarity, matryoshka_dims (if trained)
     1_Pooling/  [2_Normalize/]                      pooling (mean, weightedmean, last, cls)
     README.md  adapt_export.json                    model card; what adapt wrote (for re-export)
 
@@ -78,12 +78,15 @@ def _backbone(model):
 
 def export_encoder(model, tokenizer, out_dir, *, pooling: str = "mean", normalize: bool = False,
                    max_seq_length: int = 512, prompts: dict[str, str] | None = None, dtype=None,
-                   card: dict | None = None, source: str | None = None) -> Path:
+                   card: dict | None = None, source: str | None = None,
+                   matryoshka_dims: list[int] | None = None) -> Path:
     """Write ``model`` (bidirectional, in memory) and ``tokenizer`` to ``out_dir`` as a sentence-transformers encoder.
 
     ``dtype``: bf16/fp16/fp32 for the saved weights (None keeps the model's). ``prompts``: named
     prefixes, e.g. ``{"query": "query: ", "document": ""}`` for ``encode(..., prompt_name="query")``.
-    ``card``: what the model card reports (see :func:`render_card`). Raises
+    ``card``: what the model card reports (see :func:`render_card`). ``matryoshka_dims``: the sizes the
+    encoder was trained to be truncated to (``contrastive.matryoshka_dims``), recorded in
+    config_sentence_transformers.json, the manifest and the card so users pick a ``truncate_dim``. Raises
     :class:`NotBidirectionalError` (leaving ``out_dir`` as it was) if the reloaded folder is causal.
     """
     pooling = pooling_name(pooling)
@@ -100,6 +103,7 @@ def export_encoder(model, tokenizer, out_dir, *, pooling: str = "mean", normaliz
     if max_positions and max_seq_length and max_seq_length > max_positions:
         max_seq_length = int(max_positions)
     attn = preferred_attention(config)
+    dims = check_truncate_dims(matryoshka_dims, int(config.get_text_config().hidden_size), config.model_type)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.export.", dir=out_dir.parent))
     try:
@@ -113,11 +117,12 @@ def export_encoder(model, tokenizer, out_dir, *, pooling: str = "mean", normaliz
         finally:
             config.architectures, config.pad_token_id = saved
         model_dtype = torch_dtype or next(backbone.parameters()).dtype
-        _build(stage, built, pooling=pooling, normalize=normalize, prompts=prompts, attn=attn, dtype=model_dtype)
+        _build(stage, built, pooling=pooling, normalize=normalize, prompts=prompts, attn=attn, dtype=model_dtype,
+               dims=dims)
         report = probe_folder(built, where=f"export to {out_dir}")
         manifest = {"adapt_export": 1, "source": source, "pooling": pooling, "normalize": bool(normalize),
                     "dtype": str(model_dtype).removeprefix("torch."), "max_seq_length": max_seq_length,
-                    "attn_implementation": attn, "prompts": prompts or {}, "card": card or {},
+                    "attn_implementation": attn, "prompts": prompts or {}, "matryoshka_dims": dims, "card": card or {},
                     "probe": report.to_dict()}
         (built / "README.md").write_text(render_card(out_dir.name, manifest), encoding="utf-8")
         manifest["files"] = sorted(p.name for p in built.iterdir()) + [MANIFEST]
@@ -128,7 +133,17 @@ def export_encoder(model, tokenizer, out_dir, *, pooling: str = "mean", normaliz
     return out_dir
 
 
-def _build(stage: Path, built: Path, *, pooling, normalize, prompts, attn, dtype) -> None:
+def check_truncate_dims(dims, hidden_size: int, family: str = "") -> list[int]:
+    """Matryoshka sizes as the export records them: distinct whole numbers up to ``hidden_size``, largest first."""
+    dims = list(dims or [])
+    bad = [d for d in dims if isinstance(d, bool) or not isinstance(d, int) or not 0 < d <= hidden_size]
+    if bad or len(set(dims)) != len(dims):
+        raise ConfigError(f"matryoshka_dims {dims}: each must be a distinct size from 1 to the {family} model's "
+                          f"hidden size {hidden_size}")
+    return sorted(dims, reverse=True)
+
+
+def _build(stage: Path, built: Path, *, pooling, normalize, prompts, attn, dtype, dims=()) -> None:
     """Assemble the sentence-transformers modules from the staged backbone and save them to ``built``."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
@@ -142,6 +157,10 @@ def _build(stage: Path, built: Path, *, pooling, normalize, prompts, attn, dtype
                              device="cpu")
     st.save(str(built), create_model_card=False)
     pin_attention(built, attn)
+    if dims:  # sentence-transformers ignores the key; `truncate_dim` there would truncate every load
+        path = built / "config_sentence_transformers.json"
+        path.write_text(json.dumps({**json.loads(path.read_text(encoding="utf-8")), "matryoshka_dims": dims},
+                                   indent=2) + "\n", encoding="utf-8")
     if attn != "sdpa":
         # transformers does not persist the attention implementation in config.json, but
         # sentence-transformers passes these model_kwargs to from_pretrained on every load.
@@ -199,6 +218,7 @@ def read_st_settings(folder) -> dict | None:
     except (OSError, json.JSONDecodeError):
         return None
     out = {"transformer_path": None, "pooling": "mean", "include_prompt": True, "normalize": False, "prompts": {},
+           "matryoshka_dims": [],
            "default_prompt_name": None, "max_seq_length": None, "do_lower_case": False,
            "attn_implementation": None, "unsupported": []}
     for module in modules:
@@ -226,6 +246,7 @@ def read_st_settings(folder) -> dict | None:
     st_cfg = read_json(folder / "config_sentence_transformers.json")
     out["prompts"] = dict(st_cfg.get("prompts") or {})
     out["default_prompt_name"] = st_cfg.get("default_prompt_name")
+    out["matryoshka_dims"] = [d for d in st_cfg.get("matryoshka_dims") or [] if isinstance(d, int)]
     if out["transformer_path"] is None:
         out["unsupported"].append("no Transformer module")
     return out
@@ -275,11 +296,20 @@ def render_card(name: str, manifest: dict) -> str:
               "## Usage", "", "```python", "from sentence_transformers import SentenceTransformer",
               f'model = SentenceTransformer("{name}")', 'vectors = model.encode(["A first text.", "Another one."])',
               "```", "", f'Or `adapt embed {name} "A first text."`. The backbone alone loads with '
-              "`transformers.AutoModel.from_pretrained`.", "", "## Encoder", "", "| setting | value |", "|---|---|",
+              "`transformers.AutoModel.from_pretrained`.", ""]
+    dims = manifest.get("matryoshka_dims") or []
+    if len(dims) > 1:
+        lines += [f"Trained for truncation (Matryoshka) to {', '.join(map(str, dims))} dimensions: "
+                  f'`SentenceTransformer("{name}", truncate_dim={dims[1]})`, or `adapt embed {name} --dim {dims[1]}` '
+                  "(re-normalized).", ""]
+    lines += ["## Encoder", "", "| setting | value |", "|---|---|",
               f"| pooling | {manifest['pooling']} |", f"| normalized | {manifest['normalize']} |",
               f"| max sequence length | {manifest['max_seq_length']} |", f"| dtype | {manifest['dtype']} |",
               f"| attention | {manifest['attn_implementation']} |"]
     lines += [f"| prompt `{key}` | `{value!r}` |" for key, value in (manifest.get("prompts") or {}).items()]
+    dims = manifest.get("matryoshka_dims") or []
+    if dims:
+        lines.append(f"| Matryoshka sizes (`truncate_dim`) | {', '.join(map(str, dims))} |")
     probe = manifest.get("probe") or {}
     if probe:
         lines.append(f"| bidirectionality probe: first-token change (unpadded / right / left padding) | "

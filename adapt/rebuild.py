@@ -40,6 +40,7 @@ class CheckpointModel:
     config: object           # the run's RunConfig
     step: int
     checkpoint: Path
+    matryoshka_dims: list[int]  # sizes the run trained for truncation ([] for none)
 
 
 def _strip_prefix(saved_keys, wanted_keys) -> str:
@@ -72,7 +73,8 @@ def load_checkpoint_model(checkpoint) -> CheckpointModel:
     step = json.loads((ckpt / layout.STATE_FILE).read_text()).get("step", 0)
 
     set_seed(cfg.train.seed)  # as the runner did: a new mask row is then initialised the same way
-    model, tokenizer, new_ids = load_model(cfg, build_objective(cfg), quantized=False)
+    objective = build_objective(cfg)
+    model, tokenizer, new_ids = load_model(cfg, objective, quantized=False)
     if cfg.tuning.method != "full":
         model = apply_tuning(model, replace(cfg.tuning, method="lora", gradient_checkpointing=False),
                              new_token_ids=new_ids)
@@ -104,7 +106,8 @@ def load_checkpoint_model(checkpoint) -> CheckpointModel:
     if cfg.tuning.method != "full":
         model = model.merge_and_unload()
     model.eval()
-    return CheckpointModel(model=model, tokenizer=tokenizer, config=cfg, step=int(step), checkpoint=ckpt)
+    return CheckpointModel(model=model, tokenizer=tokenizer, config=cfg, step=int(step), checkpoint=ckpt,
+                           matryoshka_dims=objective.matryoshka_dims())
 
 
 def _model_folder(source: Path) -> Path:
@@ -177,7 +180,7 @@ def export_from_path(source, out_dir, *, pooling: str | None = None, normalize: 
         prompts=previous.get("prompts") if prompts is None else prompts,
         dtype=dtype if dtype is not None else previous.get("dtype"),
         card={**previous.get("card", {}), **(card or {})},
-        source=previous.get("source") or str(source))
+        source=previous.get("source") or str(source), matryoshka_dims=previous.get("matryoshka_dims"))
 
 
 def _export_with_backend(source, out_dir, backend, quantize, **settings) -> Path:
@@ -214,6 +217,6 @@ def _export_checkpoint(ckpt: Path, out_dir, *, pooling, normalize, max_seq_lengt
                           max_seq_length=max_seq_length or exp.max_seq_length,
                           prompts=(exp.prompts or None) if prompts is None else prompts,
                           dtype=dtype if dtype is not None else exp.dtype, card={**facts, **(card or {})},
-                          source=cfg.model.source)
+                          source=cfg.model.source, matryoshka_dims=loaded.matryoshka_dims)
 
 

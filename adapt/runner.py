@@ -133,7 +133,8 @@ def run_stage(cfg: RunConfig, out, *, resume: bool = False, overwrite: bool = Fa
         prompts = {**objective.export_prompts(), **(cfg.export.prompts or {})}
         export_encoder(merged, tokenizer, out, pooling=cfg.export.pooling, normalize=cfg.export.normalize,
                        max_seq_length=cfg.export.max_seq_length, prompts=prompts or None, dtype=cfg.export.dtype,
-                       card={**summary, "recipe": cfg.to_dict()}, source=cfg.model.source)
+                       card={**summary, "recipe": cfg.to_dict()}, source=cfg.model.source,
+                       matryoshka_dims=objective.matryoshka_dims())
         summary["probe_after"] = probe_saved(out).to_dict()
         summary["wall_seconds"] = round(time.perf_counter() - t0, 1)
         atomic_write_json(run_dir / layout.SUMMARY, summary)

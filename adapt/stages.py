@@ -40,8 +40,9 @@ from adapt.config import SECTIONS, RunConfig, apply_overrides, check_stages, loa
 from adapt.errors import ConfigError
 from adapt.export import MANIFEST, export_encoder
 from adapt.io_utils import atomic_write_json, atomic_write_text
-from adapt.loading import parse_dtype
+from adapt.loading import load_config, parse_dtype
 from adapt.objectives import build_objective, forced_settings, kinds, registry
+from adapt.objectives.infonce import matryoshka_sizes
 from adapt.runner import probe_saved, run_stage
 
 log = logging.getLogger(__name__)
@@ -194,10 +195,20 @@ def _prepare_out(out: Path, plan: list[Stage], *, resume: bool, overwrite: bool)
 
 
 def _validate_data(plan: list[Stage]) -> None:
-    """Read every pairs file once before stage 1, so a bad line fails now, not after hours of MLM."""
+    """Read every pairs file once before stage 1, so a bad line fails now, not after hours of MLM; check
+    Matryoshka sizes against the model's hidden size likewise."""
     for stage in plan:
         if stage.config.contrastive.pairs:
             build_objective(stage.config).read_data()
+    sized = [stage for stage in plan if stage.config.contrastive.matryoshka_dims]
+    if sized:
+        config = load_config(plan[0].config.model)
+        for stage in sized:
+            try:
+                matryoshka_sizes(stage.config.contrastive.matryoshka_dims,
+                                 stage.config.contrastive.matryoshka_weights, config)
+            except ConfigError as e:
+                raise ConfigError(f"stage {stage.index} ({stage.kind}): {e}") from None
 
 
 def _reset_accelerate() -> None:
@@ -273,6 +284,6 @@ def _publish(plan: list[Stage], out: Path, summaries: dict) -> dict:
             "recipe": chain_preset(plan)}
     export_encoder(model, tokenizer, out, pooling=manifest["pooling"], normalize=manifest["normalize"],
                    max_seq_length=manifest["max_seq_length"], prompts=manifest.get("prompts") or None, dtype=dtype,
-                   card=card, source=source)
+                   card=card, source=source, matryoshka_dims=manifest.get("matryoshka_dims"))
     return {"source": source, "stages": [s.name for s in plan], "per_stage": summaries,
             "final": str(plan[-1].dir), "probe_after": probe_saved(out).to_dict()}

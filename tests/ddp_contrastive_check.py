@@ -8,6 +8,8 @@
 2. One real contrastive ``Trainer`` step (DDP over gloo, supervised pairs with a hard negative each,
    documents gathered across processes, gradient caching in chunks of 3 texts): the DDP-averaged
    parameter gradient equals the gradient of the plain full-batch loss computed in one process.
+3. The same with Matryoshka sizes (weighted, given out of order): the full-batch loss is then the
+   weighted sum of InfoNCE over the re-normalized prefixes.
 Rank 0 writes RESULT_DIR/result.json; any failed check exits non-zero.
 """
 import json
@@ -49,43 +51,54 @@ expected = sum(w[offset:offset + rows[rank]] for w in weights)
 torch.testing.assert_close(x.grad, expected)
 result["gather_ok"] = True
 
-# ---- 2. a DDP contrastive step equals the full-batch gradient -----------------------------------
+# ---- 2. a DDP contrastive step equals the full-batch gradient (3. with Matryoshka sizes too) -----
 tok = tiny_tokenizer()
 topics = ["fox", "river", "engine", "violin", "garden", "planet", "market", "winter"]
 pairs = [Pair(f"what is the {t}?", f"the {t} is here, a {t} indeed", (f"nothing about {topics[i - 1]} here",))
          for i, t in enumerate(topics)]
-cfg = RunConfig.from_dict({"contrastive": {"loss": "pairs", "mini_batch": 3, "hard_negatives": 1, "temperature": 0.1,
-                                           "query_prompt": "q: "},
-                           "train": {"batch_size": 4, "max_steps": 1, "lr": 1e-3, "max_grad_norm": 0.0,
-                                     "warmup_ratio": 0.0}, "export": {"pooling": "mean"}})
-model = tiny_decoder("llama", vocab_size=len(tok), seed=3)
-reference = tiny_decoder("llama", vocab_size=len(tok), seed=3)
-model.lm_head.requires_grad_(False)
-objective = Contrastive(cfg)
-objective.train_set, objective.eval_set, objective.tokenizer = pairs, [], tok
-trainer = Trainer(model, objective, train=cfg.train, run_dir=out / f"rank{rank}", accelerator=acc, show_progress=False)
-objective.start(0, acc)
-captured = {}
-trainer.optimizer.step = lambda *a, **k: captured.update(
-    {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
-_, losses, _ = trainer.train_step()
 
-# the same global batch in one process, one graph, no gathering, no caching
-global_batch = [pairs[i] for i in objective._batches._permutation(0)[:8]]
-embed = Embedder(reference, "mean").train()
-queries = embed(**tokenize(tok, ["q: " + p.query for p in global_batch], 128))
-docs = embed(**tokenize(tok, [p.positive for p in global_batch] + [p.negatives[0] for p in global_batch], 128))
-ref_loss, _ = info_nce(queries, docs, torch.arange(8), 0.1)
-ref_loss.backward()
-ref_grads = {n: p.grad for n, p in reference.named_parameters() if p.grad is not None}
-assert captured.keys() == ref_grads.keys(), (sorted(captured), sorted(ref_grads))
-diff = max(float((captured[n] - ref_grads[n]).abs().max()) for n in ref_grads)
-scale = max(float(g.abs().max()) for g in ref_grads.values())
-local = torch.tensor([losses[0]])
-mean_loss = float(acc.gather(local).mean())
-result.update(grad_max_abs_diff=diff, grad_max_abs=scale, loss=mean_loss, ref_loss=float(ref_loss.detach()))
-assert diff <= 1e-4 * scale + 1e-6, f"DDP gradient differs from the full-batch gradient by {diff} (scale {scale})"
-assert abs(mean_loss - result["ref_loss"]) < 1e-4, (mean_loss, result["ref_loss"])
+
+def ddp_step(prefix: str, **contrastive) -> None:
+    """One DDP step of a fresh model against the same global batch embedded in one process, one graph."""
+    cfg = RunConfig.from_dict({"contrastive": {"loss": "pairs", "mini_batch": 3, "hard_negatives": 1,
+                                               "temperature": 0.1, "query_prompt": "q: ", **contrastive},
+                               "train": {"batch_size": 4, "max_steps": 1, "lr": 1e-3, "max_grad_norm": 0.0,
+                                         "warmup_ratio": 0.0}, "export": {"pooling": "mean"}})
+    model = tiny_decoder("llama", vocab_size=len(tok), seed=3)
+    reference = tiny_decoder("llama", vocab_size=len(tok), seed=3)
+    model.lm_head.requires_grad_(False)
+    objective = Contrastive(cfg)
+    objective.configure_model(model, tok)
+    objective.train_set, objective.eval_set = pairs, []
+    trainer = Trainer(model, objective, train=cfg.train, run_dir=out / f"{prefix}rank{rank}", accelerator=acc,
+                      show_progress=False)
+    objective.start(0, acc)
+    captured = {}
+    trainer.optimizer.step = lambda *a, **k: captured.update(
+        {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
+    _, losses, _ = trainer.train_step()
+
+    # the same global batch in one process, one graph, no gathering, no caching
+    global_batch = [pairs[i] for i in objective._batches._permutation(0)[:8]]
+    embed = Embedder(reference, "mean").train()
+    queries = embed(**tokenize(tok, ["q: " + p.query for p in global_batch], 128))
+    docs = embed(**tokenize(tok, [p.positive for p in global_batch] + [p.negatives[0] for p in global_batch], 128))
+    sizes = objective.sizes or [(queries.shape[1], 1.0)]
+    ref_loss = sum(w * info_nce(queries[:, :d], docs[:, :d], torch.arange(8), 0.1)[0] for d, w in sizes)
+    ref_loss.backward()
+    ref_grads = {n: p.grad for n, p in reference.named_parameters() if p.grad is not None}
+    assert captured.keys() == ref_grads.keys(), (sorted(captured), sorted(ref_grads))
+    diff = max(float((captured[n] - ref_grads[n]).abs().max()) for n in ref_grads)
+    scale = max(float(g.abs().max()) for g in ref_grads.values())
+    mean_loss = float(acc.gather(torch.tensor([losses[0]])).mean())
+    result.update({f"{prefix}grad_max_abs_diff": diff, f"{prefix}grad_max_abs": scale, f"{prefix}loss": mean_loss,
+                   f"{prefix}ref_loss": float(ref_loss.detach())})
+    assert diff <= 1e-4 * scale + 1e-6, f"DDP gradient differs from the full-batch gradient by {diff} (scale {scale})"
+    assert abs(mean_loss - float(ref_loss)) < 1e-4, (mean_loss, float(ref_loss))
+
+
+ddp_step("")
+ddp_step("matryoshka_", matryoshka_dims=[8, "full", 16], matryoshka_weights=[0.25, 1.0, 0.5])
 if rank == 0:
     (out / "result.json").write_text(json.dumps(result))
 acc.wait_for_everyone()

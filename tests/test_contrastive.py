@@ -174,8 +174,11 @@ def test_two_processes_gather_negatives_and_gradients(tmp_path, free_port):
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "result.json").read_text())
-    assert result["gather_ok"] and result["grad_max_abs_diff"] <= 1e-4 * result["grad_max_abs"] + 1e-6
-    assert result["loss"] == pytest.approx(result["ref_loss"], abs=1e-4)
+    assert result["gather_ok"]
+    for prefix in ("", "matryoshka_"):  # plain InfoNCE, then summed over weighted Matryoshka prefixes
+        assert result[f"{prefix}grad_max_abs_diff"] <= 1e-4 * result[f"{prefix}grad_max_abs"] + 1e-6
+        assert result[f"{prefix}loss"] == pytest.approx(result[f"{prefix}ref_loss"], abs=1e-4)
+    assert result["matryoshka_loss"] > result["loss"]  # the same batch, with the two smaller sizes added
 
 
 # ---- dropout ---------------------------------------------------------------------------------------

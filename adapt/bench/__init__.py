@@ -6,7 +6,7 @@ Entry points: :func:`run_bench` (score models, write results.json/.md/.png) and
 ``std_wordnet``, ``std_reference``, ``std_text``, packaged data located by ``sources``),
 ``folders`` (user task folders), ``mteb_tasks`` (MTEB by name), ``models`` (model specs,
 baselines, references), ``bm25`` (the BM25 baseline), ``stats`` (bootstrap intervals, paired
-tests), ``cache`` (embeddings), ``report``, ``runner``. How to use them: ``adapt/bench/README.md``.
+tests), ``cache`` (embeddings), ``dims`` (each model at several embedding sizes), ``report``, ``runner``. How to use them: ``adapt/bench/README.md``.
 """
 from adapt.bench.models import ModelSpec, baseline_specs
 from adapt.bench.report import BenchReport

@@ -23,10 +23,11 @@ from pathlib import Path
 
 from adapt.bench import quick, standard, stats, verdict
 from adapt.bench.bm25 import BM25Baseline
-from adapt.bench.cache import EmbeddingCache, embed
+from adapt.bench.cache import EmbeddingCache
+from adapt.bench.dims import TaskVectors, TooLarge, label, pairs_at, parse_dims, sizes_of, too_large
 from adapt.bench.folders import is_task_folder, load_task_folder
-from adapt.bench.models import (Loader, baseline_specs, default_loader, default_reference, encoder_key,
-                                expand_models)
+from adapt.bench.models import (Loader, ModelSpec, as_spec, baseline_specs, default_loader, default_reference,
+                                encoder_key, expand_models)
 from adapt.bench.report import BenchReport, versions, write_reports
 from adapt.bench.tasks import Task
 from adapt.embed_shards import Processes, barrier, end_group, processes, start_group
@@ -131,7 +132,7 @@ def run_bench(models: list, *, suite: str | None = "quick", tasks: list | None =
               out_dir: str | Path, baselines: bool = False, source: str | None = None, batch_size: int = 32,
               max_length: int | None = 256, limit: int | None = None, show_progress: bool = True,
               loader: Loader | None = None, use_cache: bool = True, update_cards: bool = True,
-              references: bool | None = None, reference: str | None = None) -> BenchReport | None:
+              references: bool | None = None, reference: str | None = None, dims=None) -> BenchReport | None:
     """Score ``models`` on a suite (or on ``tasks``) and write results.json/.md/.png under ``out_dir``.
 
     ``models``: paths / hub ids / ``SOURCE@pooling=last,bidirectional=false`` strings, ModelSpec
@@ -149,10 +150,13 @@ def run_bench(models: list, *, suite: str | None = "quick", tasks: list | None =
     main scores of each adapt-exported encoder (next to its baselines') go into its model card.
     Under several processes (see the module docstring) only process 0 returns the report; the others
     return None once it is written.
+    ``dims`` (``[576, 256, 64]`` or ``"full,256,64"``): score each model's vectors cut to each size, as rows
+    ``NAME@dim=256`` (``adapt.bench.dims``); the reference is then taken at the first size.
     """
     from tqdm.auto import tqdm
 
     out_dir = Path(out_dir)
+    dims = parse_dims(dims)
     resolved = [resolve_task(ref) for ref in task_refs(suite, tasks)]  # fail on a bad task before loading models
     if limit is not None:
         resolved = [t.limited(limit) if isinstance(t, Task) else t for t in resolved]
@@ -162,8 +166,11 @@ def run_bench(models: list, *, suite: str | None = "quick", tasks: list | None =
     entries = expand_models(list(models), baselines, source, baselines if references is None else references)
     display = _unique_names(entries)
     reference = reference or default_reference(entries, display, list(models))
-    if reference not in display:
+    if reference not in display and not (dims and reference.rpartition("@dim=")[0] in display):
         raise ConfigError(f"reference {reference!r} is not one of the benchmarked models: {', '.join(display)}")
+    if reference in display:  # with dims: the reference model at the first size (BM25 keeps its name)
+        reference = label(reference, sizes_of(entries[display.index(reference)][1], dims)[0])
+    given = {as_spec(m).canonical() for m in models if isinstance(m, (str, ModelSpec))}
     cache = EmbeddingCache(out_dir / "cache" if use_cache else None)
     procs = processes()
     loader = loader or functools.partial(default_loader, device=_device(procs))
@@ -179,21 +186,28 @@ def run_bench(models: list, *, suite: str | None = "quick", tasks: list | None =
             bar.set_postfix_str(f"loading {name}")
             encoder = encoder if encoder is not None else loader(spec, max_length)
             key = encoder_key(encoder, spec, max_length)
+            required = spec is None or spec.canonical() in given  # a model the user listed, not a baseline
             for task in resolved:
                 bar.set_postfix_str(f"{name}: {task.name}")
-                start = time.perf_counter()
-                result = _score(task, encoder, cache, key, name, batch_size, procs)
+                vectors = TaskVectors(encoder, cache, key, name, batch_size, procs)  # encoded once for every size
+                for dim in sizes_of(encoder, dims):
+                    start = time.perf_counter()
+                    try:
+                        result = _score(task, encoder, vectors.at(dim), name, batch_size, procs)
+                    except TooLarge as e:
+                        too_large(e, name, required)
+                        continue
+                    if result is None:  # BM25 on a task that is not retrieval, or not process 0
+                        continue
+                    scores, main, n, kind, evidence = result
+                    seconds, model = round(time.perf_counter() - start, 3), label(name, dim)
+                    if evidence is not None:
+                        items[(model, task.name)] = evidence
+                    for metric, value in scores.items():
+                        rows.append({"model": model, "task": task.name, "kind": kind, "metric": metric,
+                                     "value": value, "main": metric == main, "n": n, "seconds": seconds,
+                                     "spec": spec.canonical() if spec else None, "versions": env})
                 bar.update(1)
-                if result is None:  # BM25 on a task that is not retrieval, or not process 0
-                    continue
-                scores, main, n, kind, evidence = result
-                seconds = round(time.perf_counter() - start, 3)
-                if evidence is not None:
-                    items[(name, task.name)] = evidence
-                for metric, value in scores.items():
-                    rows.append({"model": name, "task": task.name, "kind": kind, "metric": metric, "value": value,
-                                 "main": metric == main, "n": n, "seconds": seconds,
-                                 "spec": spec.canonical() if spec else None, "versions": env})
             del encoder
             gc.collect()
     except BaseException:
@@ -204,7 +218,7 @@ def run_bench(models: list, *, suite: str | None = "quick", tasks: list | None =
         bar.close()
     try:
         return _finish(rows, items, entries, display, reference, names, out_dir, title, cache, baselines, source,
-                       update_cards) if procs.main else None
+                       update_cards, dims) if procs.main else None
     finally:
         if made_group:
             barrier(procs)  # the others wait until process 0 has written the reports and the cards
@@ -221,20 +235,20 @@ def _device(procs: Processes) -> str | None:
 
 
 def _finish(rows, items, entries, display, reference, names, out_dir, title, cache, baselines, source,
-            update_cards) -> BenchReport:
+            update_cards, dims) -> BenchReport:
     """Process 0: the reports, the verdict lines and the model cards."""
     report = write_reports(stats.annotate(rows, items, reference, names), out_dir, title)
     report.cache_hits, report.cache_misses = cache.hits, cache.misses
     lines = {}  # converted model -> its verdict line
     if baselines:
-        lines = {v["model"]: verdict.line(v) for v in verdict.verdicts(report.rows, items,
-                                                                         _baselines_of(entries, display, source))}
+        pairs = pairs_at(_baselines_of(entries, display, source), {r["model"] for r in report.rows}, dims)
+        lines = {v["model"]: verdict.line(v) for v in verdict.verdicts(report.rows, items, pairs)}
         report.verdicts = list(lines.values())
         if report.verdicts:
             report.markdown += "\n" + "\n".join(report.verdicts) + "\n"
             atomic_write_text(report.paths["markdown"], report.markdown)
     if update_cards:
-        _update_cards(entries, display, report, source, title, lines)
+        _update_cards(entries, display, report, source, title, lines, dims)
     return report
 
 
@@ -255,52 +269,50 @@ def _baselines_of(entries, display, source: str | None) -> dict[str, list[str]]:
 
 
 def _update_cards(entries, display, report: BenchReport, source: str | None, title: str,
-                  lines: dict[str, str]) -> None:
-    """Write each benchmarked adapt encoder's benchmark table into its model card: per task its main score
-    with the 95% interval, next to its scored source baselines, the average, and its verdict line."""
+                  lines: dict[str, str], dims=()) -> None:
+    """Write each benchmarked adapt encoder's benchmark table into its model card: per task (and size, with
+    ``dims``) its main score with the 95% interval, next to its scored source baselines, the average, and
+    its verdict line (at the first size)."""
     from adapt.export import record_bench
 
     baselines = _baselines_of(entries, display, source)
     main = [row for row in report.rows if row["main"] or row["task"] == "average"]
     tasks = {row["task"]: (row["kind"], row["metric"]) for row in main}
+    cell = {(row["model"], row["task"]): row for row in main}
     for (spec, _), name in zip(entries, display):
         if spec is None or not Path(spec.source).is_dir() or spec.bidirectional is False:
             continue
         columns = [name, *baselines.get(name, [])]
-        cell = {(row["model"], row["task"]): row for row in main if row["model"] in columns}
         rows = []
-        for task, (kind, metric) in tasks.items():
-            mine = cell.get((name, task))
-            if mine is None:
-                continue
-            rows.append({"task": task, "kind": kind, "metric": metric,
-                         "values": [cell[(c, task)]["value"] if (c, task) in cell else None for c in columns],
-                         "ci": [mine.get("ci_low"), mine.get("ci_high")]})
-        table = {"title": title, "columns": columns, "rows": rows, "verdict": lines.get(name)}
+        for dim in dims or [None]:
+            for task, (kind, metric) in tasks.items():
+                mine = cell.get((label(name, dim), task))
+                if mine is None:
+                    continue
+                at = [cell.get((label(c, dim), task)) for c in columns]
+                rows.append({"task": task + ("" if dim is None else f" @dim={dim}"), "kind": kind, "metric": metric,
+                             "values": [None if r is None else r["value"] for r in at],
+                             "ci": [mine.get("ci_low"), mine.get("ci_high")]})
+        first = label(name, (dims or [None])[0])
+        table = {"title": title, "columns": columns, "rows": rows, "verdict": lines.get(first)}
         if rows and record_bench(spec.source, table):
             log.info("benchmark results recorded in %s/README.md", spec.source)
 
 
-def _score(task, encoder, cache: EmbeddingCache, key: str, name: str, batch_size: int, procs: Processes):
-    """(metric -> value, main metric, n, kind, per-item evidence or None) of one model on one task;
-    None when the model does not apply (BM25 on a task that is not retrieval) and in processes other than 0
-    (they encode their share and wait)."""
+def _score(task, encoder, vectors, name: str, batch_size: int, procs: Processes):
+    """(metric -> value, main metric, n, kind, per-item evidence or None) of one model on one task, its
+    texts embedded by ``vectors(texts, prompt)``; None when the model does not apply (BM25 on a task that
+    is not retrieval) and in processes other than 0 (they encode their share and wait)."""
     if isinstance(encoder, BM25Baseline):
         result = encoder.evaluate(task) if isinstance(task, Task) and procs.main else None
         return None if result is None else (*result[:1], task.main_metric, task.n, task.kind, result[1])
     if isinstance(task, MtebTaskRef):
         from adapt.bench import mteb_tasks
 
-        def embed_fn(texts, prompt):
-            return embed(encoder, texts, prompt=prompt, batch_size=batch_size, cache=cache, model_key=key,
-                         model_name=name, procs=procs)
-
-        scores, main, n = mteb_tasks.evaluate(task.task, embed_fn, model_name=name, batch_size=batch_size,
+        scores, main, n = mteb_tasks.evaluate(task.task, vectors, model_name=name, batch_size=batch_size,
                                               prompts=getattr(encoder, "prompts", None))
         return (scores, main, n, task.kind, None) if procs.main else None
-    embeddings = {group: embed(encoder, g.texts, prompt=g.prompt, batch_size=batch_size, cache=cache,
-                               model_key=key, model_name=name, procs=procs)
-                  for group, g in task.groups().items()}
+    embeddings = {group: vectors(g.texts, g.prompt) for group, g in task.groups().items()}
     if not procs.main:
         return None
     scores, evidence = task.evaluate(embeddings)

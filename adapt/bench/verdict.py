@@ -56,7 +56,7 @@ def verdicts(rows: list[dict], items: dict, baselines_of: dict[str, list[str]]) 
     kinds = {r["task"]: r["kind"] for r in rows if r.get("main")}
     out = []
     for model, names in baselines_of.items():
-        causal = [n for n in names if n.endswith(CAUSAL_MARKERS)]
+        causal = [n for n in names if any(marker in n for marker in CAUSAL_MARKERS)]  # NAME@dim=N too
         tasks = [t for t in dict.fromkeys(r["task"] for r in rows if r.get("main"))
                  if (model, t) in items and all((n, t) in items for n in causal)]
         if not causal or not tasks:

@@ -82,6 +82,9 @@ class Objective(Protocol):
     def export_prompts(self) -> dict:
         """Prompts the exported encoder should carry because of how it was trained."""
 
+    def matryoshka_dims(self) -> list[int]:
+        """Sizes the encoder was trained to be truncated to (Matryoshka), largest first; [] for none."""
+
 
 class ObjectiveBase:
     """No-op defaults for the optional parts of :class:`Objective`."""
@@ -102,6 +105,9 @@ class ObjectiveBase:
 
     def export_prompts(self) -> dict:
         return {}
+
+    def matryoshka_dims(self) -> list[int]:
+        return []
 
 
 @functools.lru_cache(maxsize=None)

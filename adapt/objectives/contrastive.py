@@ -14,6 +14,9 @@
   ``grad_accum`` enlarges the batch through gradient caching (``contrastive.mini_batch``) instead of
   splitting the in-batch negatives; with several processes every process's documents are negatives
   for every query (:mod:`adapt.objectives.infonce`).
+- Matryoshka (``contrastive.matryoshka_dims: [full, 256, 64]``): the loss is summed over those prefixes
+  of the pooled vector, each re-normalized, so the exported encoder can be truncated
+  (``SentenceTransformer(DIR, truncate_dim=256)``, ``adapt embed --dim 256``); the sizes go into the export.
 """
 from __future__ import annotations
 
@@ -28,7 +31,9 @@ from adapt.data import resolve_data_sources
 from adapt.embedding import Embedder, set_dropout, tokenize
 from adapt.errors import ConfigError, DataError
 from adapt.objectives import ObjectiveBase, StageContext, StepOutput
-from adapt.objectives.infonce import all_gather_rows, contrastive_backward, false_negative_mask, info_nce
+from adapt.loading import load_config
+from adapt.objectives.infonce import (all_gather_rows, contrastive_backward, false_negative_mask, info_nce,
+                                      matryoshka_info_nce, matryoshka_sizes)
 from adapt.pairs import data_fingerprint, load_pairs, load_sentences, split_eval, text_key
 
 log = logging.getLogger(__name__)
@@ -48,6 +53,8 @@ class Contrastive(ObjectiveBase):
         self.mini_batch = self.c.mini_batch or (cfg.train.batch_size if cfg.train.grad_accum > 1 else 0)
         self.dropout = self.c.dropout if self.c.dropout is not None else (0.1 if self.c.loss == "simcse" else None)
         self.train_set = self.eval_set = None
+        self.sizes: list[tuple[int, float]] = []  # Matryoshka (size, weight), largest first; [] off
+        self.hidden_size = None
 
     # ---- data -----------------------------------------------------------------------------
     def load_examples(self) -> tuple[list, dict]:
@@ -90,10 +97,22 @@ class Contrastive(ObjectiveBase):
                             "lower train.batch_size")
         if self.batch < 2:
             raise ConfigError("a contrastive stage needs at least 2 queries per batch (in-batch negatives)")
+        if self.c.matryoshka_dims:  # sizes the model does not have fail before OUT is written
+            self.resolve_sizes(load_config(self.cfg.model))
+
+    def resolve_sizes(self, config) -> None:
+        """``contrastive.matryoshka_dims`` against the model's hidden size (the pooled vector's)."""
+        self.sizes = matryoshka_sizes(self.c.matryoshka_dims, self.c.matryoshka_weights, config)
+        self.hidden_size = int(config.get_text_config().hidden_size)
 
     # ---- model ----------------------------------------------------------------------------
     def configure_model(self, model, tokenizer) -> list[int]:
         self.tokenizer = tokenizer
+        if self.c.matryoshka_dims:
+            self.resolve_sizes(model.config)
+        if self.sizes and self.sizes[0][0] != self.hidden_size:
+            log.warning("contrastive.matryoshka_dims %s leaves out the full size %d: the untruncated vectors are not "
+                        "trained; add 'full'", self.c.matryoshka_dims, self.hidden_size)
         self.n_dropouts = set_dropout(model, self.dropout) if self.dropout is not None else None
         if self.dropout and not self.n_dropouts:
             log.warning("found no dropout to set on this %s model; SimCSE views then differ only by LoRA dropout",
@@ -142,6 +161,9 @@ class Contrastive(ObjectiveBase):
                 keys, _ = all_gather_rows(keys)
             targets = offset + torch.arange(n_queries, device=dev)
             mask = false_negative_mask(torch.tensor(positive_keys, dtype=torch.long, device=dev), keys, targets)
+            if self.sizes:
+                loss, per_size = matryoshka_info_nce(queries, docs, targets, self.c.temperature, mask, self.sizes)
+                return loss, per_size[self.sizes[0][0]][1]
             return info_nce(queries, docs, targets, self.c.temperature, mask)
         return fn
 
@@ -166,15 +188,17 @@ class Contrastive(ObjectiveBase):
     def evaluate(self, module, accelerator) -> dict:
         """Held-out loss and top-1 accuracy (positive ranked first among its batch's documents), the held-out
         batches shared out over processes and the sums gathered. SimCSE keeps dropout on (seeded per batch):
-        identical views would make the task trivial."""
+        identical views would make the task trivial. Loss and accuracy are those of the full vectors; with
+        Matryoshka sizes, also ``eval/{loss}_loss@N`` and ``_acc@N`` for each smaller size N."""
         acc, name, bs = accelerator, self.c.loss, self.cfg.train.batch_size
+        smaller = [size for size, _ in self.sizes if size < (self.hidden_size or 0)]
         batches = [self.eval_set[s:s + bs] for s in range(0, len(self.eval_set), bs)]
         batches = [b for b in batches if len(b) >= 2]
         if not batches:
             return {}
         model = acc.unwrap_model(module)  # no DDP collectives: processes may run different batches
         model.train(name == "simcse")
-        sums = torch.zeros(3, dtype=torch.float64)  # loss x queries, correct, queries
+        sums = torch.zeros(3 + 2 * len(smaller), dtype=torch.float64)  # loss x queries, correct, queries, per size
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
         rounds = -(-len(batches) // acc.num_processes)
         with torch.random.fork_rng(devices=devices), acc.autocast():
@@ -192,18 +216,31 @@ class Contrastive(ObjectiveBase):
                 mask = false_negative_mask(torch.tensor(positive_keys, device=dev), torch.tensor(doc_keys, device=dev),
                                            targets)
                 loss, ok = info_nce(queries, docs, targets, self.c.temperature, mask)
-                sums += torch.tensor([float(loss) * n_queries, float(ok), n_queries], dtype=torch.float64)
+                _, per_size = matryoshka_info_nce(queries, docs, targets, self.c.temperature, mask,
+                                                  [(size, 1.0) for size in smaller])
+                row = [float(loss) * n_queries, float(ok), n_queries]
+                for size in smaller:
+                    row += [float(per_size[size][0]) * n_queries, float(per_size[size][1])]
+                sums += torch.tensor(row, dtype=torch.float64)
         model.train()
         total = acc.gather_for_metrics(sums.to(acc.device).unsqueeze(0)).sum(0)
         n = max(float(total[2]), 1.0)
-        return {f"eval/{name}_loss": float(total[0]) / n, f"eval/{name}_acc": float(total[1]) / n}
+        out = {f"eval/{name}_loss": float(total[0]) / n, f"eval/{name}_acc": float(total[1]) / n}
+        for i, size in enumerate(smaller):
+            out[f"eval/{name}_loss@{size}"] = float(total[3 + 2 * i]) / n
+            out[f"eval/{name}_acc@{size}"] = float(total[4 + 2 * i]) / n
+        return out
 
     # ---- records --------------------------------------------------------------------------
     def summary(self) -> dict:
         c = self.c
         return {"loss": c.loss, "temperature": c.temperature, "dropout": self.dropout,
                 "pooling": self.cfg.export.pooling, "batch_per_process": self.batch, "mini_batch": self.mini_batch,
-                "data": self.counts, "train_examples": len(self.train_set), "eval_examples": len(self.eval_set)}
+                "data": self.counts, "train_examples": len(self.train_set), "eval_examples": len(self.eval_set),
+                **({"matryoshka_dims": self.matryoshka_dims()} if self.sizes else {})}
+
+    def matryoshka_dims(self) -> list[int]:
+        return [size for size, _ in self.sizes]
 
     def export_prompts(self) -> dict:
         c = self.c

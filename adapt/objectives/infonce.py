@@ -5,6 +5,9 @@ sentence-transformers keeps them inside ``CachedMultipleNegativesRankingLoss``) 
 loop knows nothing of them:
 
 - :func:`info_nce`: mean InfoNCE over cosine similarities / temperature, with a candidate mask.
+- :func:`matryoshka_info_nce`: InfoNCE summed (weighted) over prefixes of the embeddings (Kusupati et
+  al., 2022, as sentence-transformers' ``MatryoshkaLoss``): each prefix re-normalized, so the first N
+  dimensions alone are an embedding. It takes the full embeddings, so gathering and caching are unchanged.
 - :func:`all_gather_rows`: every process's documents, with their gradient, so each query sees every
   process's negatives; DDP's gradient average then equals the full global-batch gradient.
 - :func:`contrastive_backward`: gradient caching (Gao et al., 2021, "GradCache"): embed without grad
@@ -30,6 +33,38 @@ def info_nce(queries: torch.Tensor, docs: torch.Tensor, targets: torch.Tensor, t
         logits = logits.masked_fill(mask, float("-inf"))
     loss = F.cross_entropy(logits, targets)
     return loss, (logits.detach().argmax(dim=-1) == targets).sum()
+
+
+def matryoshka_sizes(dims, weights, config) -> list[tuple[int, float]]:
+    """``contrastive.matryoshka_dims`` (and weights) for a model of transformers ``config`` as (size, weight)
+    pairs, largest first, ``full`` being the hidden size (the pooled vector's); ConfigError, naming the key
+    and the family, for a size the model does not have. ``[]`` when off."""
+    from adapt.errors import ConfigError
+
+    hidden, model = int(config.get_text_config().hidden_size), f"the {config.model_type} model's"
+    sizes = [hidden if d == "full" else d for d in dims]
+    for d in sizes:
+        if d > hidden:
+            raise ConfigError(f"contrastive.matryoshka_dims: {d} is larger than {model} hidden size {hidden}; "
+                              f"list sizes up to {hidden} (or 'full')")
+    if len(set(sizes)) != len(sizes):
+        raise ConfigError(f"contrastive.matryoshka_dims lists {hidden} twice ('full' is {model} hidden size): "
+                          f"{list(dims)}")
+    pairs = zip(sizes, [float(w) for w in weights] or [1.0] * len(sizes))
+    return sorted(pairs, key=lambda p: -p[0])
+
+
+def matryoshka_info_nce(queries: torch.Tensor, docs: torch.Tensor, targets: torch.Tensor, temperature: float,
+                        mask: torch.Tensor | None, sizes: list[tuple[int, float]]):
+    """``sum(weight * info_nce(queries[:, :size], docs[:, :size]))`` over ``sizes`` ((size, weight), largest
+    first; :func:`info_nce` re-normalizes each prefix). Returns (loss, {size: (its loss, detached; number of
+    queries whose positive scores highest at that size)})."""
+    total, per_size = 0.0, {}
+    for size, weight in sizes:
+        loss, correct = info_nce(queries[:, :size], docs[:, :size], targets, temperature, mask)
+        total = total + weight * loss
+        per_size[size] = (loss.detach(), correct)
+    return total, per_size
 
 
 def false_negative_mask(positive_keys: torch.Tensor, doc_keys: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
