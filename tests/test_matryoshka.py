@@ -230,7 +230,7 @@ def test_cli_converts_embeds_and_benches_at_each_size(corpus, tokenizer, tmp_pat
     assert "| enc@dim=full | enc@dim=8 |" in bench.output
     rows = json.loads((tmp_path / "bench/results.json").read_text())
     assert {r["model"] for r in rows} == {"enc@dim=full", "enc@dim=8"}
-    assert "sim (spearman) @dim=8" in (out / "README.md").read_text()  # the card holds each size's score
+    assert "| sim @dim=8 | similarity | spearman | " in (out / "README.md").read_text()  # the card holds each size's score
     with_baselines = run_bench([str(out)], tasks=[str(task)], dims="full,8", baselines=True, references=False,
                                out_dir=tmp_path / "bench2", show_progress=False, update_cards=False)
     assert [line.split(" vs ")[0] for line in with_baselines.verdicts] == ["verdict: enc@dim=full", "verdict: enc@dim=8"]
