@@ -303,3 +303,20 @@ def test_cli_runs_the_suite_and_the_named_tasks_together(monkeypatch):
     CliRunner().invoke(main, ["bench", "m", "--suite", "quick", "--task", "lee-similarity", "--task", "extra/"])
     assert seen["tasks"][-1] == "extra/" and "wiki-retrieval" in seen["tasks"]
     assert seen["tasks"].count("lee-similarity") == 1 and seen["update_cards"] is True
+
+
+def test_the_reference_encoder_gets_no_verdict_against_a_given_source(tmp_path):
+    """With --source, every folder model gets the source's baselines, but all-MiniLM-L6-v2 (the reference)
+    was not converted from that source: no verdict line for it."""
+    from adapt.bench.models import REFERENCE_LABEL, ModelSpec, baseline_specs
+    from adapt.bench.runner import _baselines_of
+
+    enc, ref = tmp_path / "enc", tmp_path / "minilm"
+    enc.mkdir()
+    ref.mkdir()
+    specs = [ModelSpec(str(enc), label="enc"), *baseline_specs(ModelSpec(str(enc)), "src"),
+             ModelSpec(str(ref), label=REFERENCE_LABEL)]
+    entries = [(s, None) for s in specs]
+    display = [s.label for s in specs]
+    found = _baselines_of(entries, display, "src")
+    assert list(found) == ["enc"] and found["enc"] == display[1:4]

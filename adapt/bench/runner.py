@@ -26,8 +26,8 @@ from adapt.bench.bm25 import BM25Baseline
 from adapt.bench.cache import EmbeddingCache
 from adapt.bench.dims import TaskVectors, TooLarge, label, pairs_at, parse_dims, sizes_of, too_large
 from adapt.bench.folders import is_task_folder, load_task_folder
-from adapt.bench.models import (Loader, ModelSpec, as_spec, baseline_specs, default_loader, default_reference,
-                                encoder_key, expand_models)
+from adapt.bench.models import (REFERENCE_LABEL, Loader, ModelSpec, as_spec, baseline_specs, default_loader,
+                                default_reference, encoder_key, expand_models)
 from adapt.bench.report import BenchReport, versions, write_reports
 from adapt.bench.tasks import Task
 from adapt.embed_shards import Processes, barrier, end_group, processes, start_group
@@ -257,7 +257,8 @@ def _baselines_of(entries, display, source: str | None) -> dict[str, list[str]]:
     name_of = {spec.canonical(): name for (spec, _), name in zip(entries, display) if spec is not None}
     out = {}
     for (spec, _), name in zip(entries, display):
-        if spec is None or not Path(spec.source).is_dir() or spec.bidirectional is False:
+        if spec is None or not Path(spec.source).is_dir() or spec.bidirectional is False or \
+                spec.label == REFERENCE_LABEL:  # the reference encoder was not converted from the source
             continue
         try:
             found = [name_of[b.canonical()] for b in baseline_specs(spec, source) if b.canonical() in name_of]
