@@ -8,8 +8,11 @@ modules. It is traced by ``torch.onnx.export`` (the torch.export path, dynamic b
 the folder's own weights; ``int8`` is onnxruntime's dynamic quantization (int8 weights, activations
 quantized per batch) or NNCF's int8 weight compression for OpenVINO; OpenVINO reads the ONNX graph.
 
-Why not optimum: optimum-onnx 0.1.0 (needs transformers < 4.58) and optimum-intel 2.2.0 (< 5.6) do
-not import under the transformers 5.x that bidirectional decoders need (checked with 5.24).
+Why not optimum's exporters: optimum-onnx 0.1.0 needs transformers < 4.58 and optimum-intel 2.2.0
+< 5.6, while adapt supports transformers 5.5.1 to 5.x. The files are those optimum loads, though:
+``SentenceTransformer(folder, backend="openvino")`` runs this graph with no custom code where
+optimum-intel installs (verified with transformers 5.5.4, optimum-intel 2.2.0, sentence-transformers
+6.3.0: ``tests/test_st_openvino.py``).
 
 Every export checks itself before it is moved into place (``adapt_export.json`` last): the probe
 runs on the exported graph (a late token must change the first token's output, with and without
@@ -36,13 +39,14 @@ from adapt.backends import GRAPH_FILES, BackendModel
 from adapt.bidirectional import position_ids_from_mask, probe
 from adapt.errors import ConfigError, ModelLoadError, NotBidirectionalError
 from adapt.encoder import backend_encoder, load_encoder
-from adapt.export import MANIFEST
-from adapt.io_utils import atomic_write_json, read_json
+from adapt.export import MANIFEST, render_card
+from adapt.io_utils import atomic_write_json, atomic_write_text, read_json
 
 # int8: ONNX dynamic int8 (weights and, per batch, activations: fastest), OpenVINO int8 weights;
 # int8-weights: int8 weights only (ONNX MatMulNBits, blocks of 32), slower but closer to fp32 on decoders
 QUANTIZE = (None, "int8", "int8-weights")
 # TorchScript tracing is 5-10x faster here and traced every tiny family; torch.export is the fallback
+# (under transformers 5.5.4 the TorchScript trace of the SDPA mask fails: IndexError in masking_utils.sdpa_mask)
 EXPORTERS = ("torchscript", "dynamo")
 FP32_MIN_COSINE = 0.9999
 CHECK_TEXTS = ["The quick brown fox jumps over the lazy dog.", "An encoder reads the whole sentence at once.",
@@ -162,12 +166,13 @@ def check_backend(folder: Path, graph: Path, backend: str, quantize: str | None,
     return {"probe": report.to_dict(), "parity": parity}
 
 
-def add_backend(folder, backend: str, quantize: str | None = None) -> dict:
+def add_backend(folder, backend: str, quantize: str | None = None, *, name: str | None = None) -> dict:
     """Add the ``backend`` graph (optionally int8) to the exported encoder ``folder``, checked; returns its record.
 
     The graph is written and checked in a scratch folder inside ``folder`` and renamed into place; the
     sentence-transformers config loses ``model_kwargs`` (torch-only options; config.json still pins
-    the attention for torch loads) and ``adapt_export.json`` gets the record, last.
+    the attention for torch loads), the model card (titled ``name``, default the folder's name) says
+    how to load the graph, and ``adapt_export.json`` gets the record, last.
     """
     if backend not in GRAPH_FILES:
         raise ConfigError(f"unknown backend {backend!r}; use one of {', '.join(GRAPH_FILES)} (or torch)")
@@ -206,6 +211,7 @@ def add_backend(folder, backend: str, quantize: str | None = None) -> dict:
         atomic_write_json(st_path, st_config)
     manifest["backend"] = record
     manifest["files"] = sorted(set(manifest.get("files", [])) - {"onnx", "openvino"} | {subdir})
+    atomic_write_text(folder / "README.md", render_card(name or folder.name, manifest))
     atomic_write_json(folder / MANIFEST, manifest)
     return record
 

@@ -296,7 +296,7 @@ def render_card(name: str, manifest: dict) -> str:
               "## Usage", "", "```python", "from sentence_transformers import SentenceTransformer",
               f'model = SentenceTransformer("{name}")', 'vectors = model.encode(["A first text.", "Another one."])',
               "```", "", f'Or `adapt embed {name} "A first text."`. The backbone alone loads with '
-              "`transformers.AutoModel.from_pretrained`.", ""]
+              "`transformers.AutoModel.from_pretrained`."] + _backend_usage(name, manifest.get("backend")) + [""]
     dims = manifest.get("matryoshka_dims") or []
     if len(dims) > 1:
         lines += [f"Trained for truncation (Matryoshka) to {', '.join(map(str, dims))} dimensions: "
@@ -322,6 +322,28 @@ def render_card(name: str, manifest: dict) -> str:
     lines += ["", "## Benchmark", ""] + (_bench_table(bench) if "columns" in bench else _table(bench) if bench
                                          else ["Not benchmarked yet: run `adapt bench`."])
     return "\n".join(lines) + "\n"
+
+
+# What sentence-transformers needs to run each graph, as verified (README.md, "ONNX and OpenVINO")
+_BACKEND_NEEDS = {
+    "openvino": "`pip install \"optimum-intel[openvino]\"` (2.2.0 needs transformers < 5.6). `ov_config` keeps "
+                "the computation in float32: OpenVINO otherwise runs bfloat16 on CPUs with bfloat16 units.",
+    "onnx": "optimum-onnx, which does not install with transformers 5 yet (0.1.0 needs transformers < 4.58); "
+            "until then `adapt embed` runs this graph.",
+}
+_BACKEND_KWARGS = {"openvino": ', model_kwargs={"ov_config": {"INFERENCE_PRECISION_HINT": "f32"}}', "onnx": ""}
+
+
+def _backend_usage(name: str, backend: dict | None) -> list[str]:
+    """Card lines for the ONNX/OpenVINO graph the folder holds (``manifest["backend"]``), if any."""
+    if not backend or backend.get("name") not in _BACKEND_NEEDS:
+        return []
+    kind, parity = backend["name"], backend.get("parity") or {}
+    return ["", f"The folder also holds a checked {kind} graph (`{backend.get('file')}`, "
+            f"{backend.get('quantize') or 'float32'}; cosine vs "
+            f"torch min {parity.get('min_cosine')}):", "", "```python",
+            f'model = SentenceTransformer("{name}", backend="{kind}"{_BACKEND_KWARGS[kind]})', "```", "",
+            f"It needs {_BACKEND_NEEDS[kind]}"]
 
 
 def portable(value):

@@ -195,7 +195,7 @@ def _export_with_backend(source, out_dir, backend, quantize, **settings) -> Path
     scratch = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.{backend}.", dir=out_dir.parent))
     try:
         built = export_from_path(source, scratch / "built", **settings)
-        add_backend(built, backend, quantize)
+        add_backend(built, backend, quantize, name=out_dir.name)  # the card names the folder, not the scratch
         move_into(built, out_dir)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -273,12 +273,17 @@ def test_export_cli_with_backend_and_embed_uses_it(encoder_dir, tmp_path):
     manifest = json.loads((out / "adapt_export.json").read_text())
     assert manifest["backend"]["file"] == "onnx/model.onnx" and "onnx" in manifest["files"]
     assert "model_kwargs" not in json.loads((out / "sentence_bert_config.json").read_text())
+    card = (out / "README.md").read_text()  # the model card says how to load the graph, and what that needs
+    assert f"# {out.name}\n" in card and f'SentenceTransformer("{out.name}", backend="onnx")' in card
+    assert "optimum-onnx" in card
+    assert f"cosine vs torch min {manifest['backend']['parity']['min_cosine']}" in card
     result = runner.invoke(main, ["embed", str(out), "a text", "another text", "-o", str(tmp_path / "v.npy"), "--quiet"])
     assert result.exit_code == 0, result.output
     assert "(onnx)" in result.output and np.load(tmp_path / "v.npy").shape == (2, 32)
     # re-exported as torch: the graph goes, and the folder is a torch encoder again
     assert runner.invoke(main, ["export", str(out), "-o", str(out)]).exit_code == 0
     assert not (out / "onnx").exists() and folder_backend(out) is None
+    assert 'backend="onnx"' not in (out / "README.md").read_text()
     with pytest.raises(ModelLoadError, match="holds no onnx graph"):
         load_encoder(out, backend="onnx")
     result = runner.invoke(main, ["export", str(encoder_dir), "-o", str(tmp_path / "x"), "--quantize", "int8"])
