@@ -99,4 +99,5 @@ def test_two_processes_score_what_one_scores(setup, free_port):
     # the model cards got process 0's scores
     for enc in encoders:
         card = (enc / "README.md").read_text()
-        assert "ret (ndcg@10)" in card and "sim-again (spearman)" in card
+        for task, kind, metric in (("ret", "retrieval", "ndcg@10"), ("sim-again", "similarity", "spearman")):
+            assert f"| {task} | {kind} | {metric} | {expected[(enc.name, task)]:.3f}" in card
