@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -38,6 +39,8 @@ from adapt.errors import ConfigError, ModelLoadError
 from adapt.export import read_st_settings
 from adapt.loading import looks_like_hub_id, parse_dtype, resolve_source
 from adapt.pooling import pool, pooling_name
+
+log = logging.getLogger(__name__)
 
 
 class EncodeWarning(UserWarning):
@@ -382,14 +385,13 @@ def _load_graph_encoder(path: Path, model_dir: Path, graph: dict, st: dict, *, p
 
 
 def _max_length(max_length, st: dict, tokenizer, config) -> int:
-    """As asked, else the folder's ``max_seq_length``, else the tokenizer's limit (within the model's positions)."""
-    if max_length is None:
-        max_length = st.get("max_seq_length")
-    if max_length is None:
-        max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-        max_length = tokenizer.model_max_length if tokenizer.model_max_length < 1_000_000 else 512
-        max_length = min(max_length, max_positions or max_length)
-    return int(max_length)
+    """As asked, else the folder's ``max_seq_length``, else the tokenizer's; never past the model's positions."""
+    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    max_length = max_length or st.get("max_seq_length") or min(tokenizer.model_max_length, 1_000_000)
+    max_length = 512 if max_length == 1_000_000 else int(max_length)
+    if positions and max_length > positions:
+        log.warning("max_length %s is beyond the model's %s positions: texts are cut there", max_length, positions)
+    return min(max_length, positions or max_length)
 
 
 def backend_encoder(folder, torch_encoder: Encoder, model) -> Encoder:

@@ -179,3 +179,19 @@ def test_not_a_model_file_or_hub_id(tmp_path):
         load_encoder(tmp_path / "notes.txt")
     with pytest.raises(ModelLoadError):
         load_encoder("no-such-org/no-such-model-xyz")
+
+
+def test_max_length_beyond_the_model_positions_is_cut_to_them(tmp_path, tokenizer):
+    """GPT-2 learns a table of n_positions positions: a longer max_length would index past it."""
+    from adapt.bidirectional import make_bidirectional
+    from adapt.encoder import load_encoder
+    from adapt.export import export_encoder
+    from tests.tiny import tiny_decoder
+
+    model = tiny_decoder("gpt2", vocab_size=len(tokenizer))
+    positions = model.config.n_positions
+    enc = export_encoder(make_bidirectional(model), tokenizer, tmp_path / "enc")
+    encoder = load_encoder(str(enc), max_length=positions * 4)
+    assert encoder.max_length == positions
+    vectors = encoder.encode(["word " * (positions * 3)])
+    assert vectors.shape[0] == 1 and np.isfinite(vectors).all()
