@@ -8,8 +8,12 @@ The encoder is SmolLM2-135M-Instruct made bidirectional without training and exp
 Each backend is written by ``adapt export --backend ... --quantize int8`` (the same checks run: probe on
 the graph, cosine vs torch) and run through adapt's encoder (same tokenization, batching and pooling),
 in interleaved repetitions; the median counts. Reported: texts/s, tokens/s, peak resident memory added
-during a run and by loading, min and mean cosine against torch fp32. Results go to
-``benchmarks/results/embed_backends.json`` and ``.md``.
+during a run and by loading, min and mean cosine against torch fp32. With ``--suite quick`` the same run
+then scores torch fp32 and each graph on that ``adapt bench`` suite (no cache) and reports each average's
+change against torch fp32 with its paired-bootstrap p-value (the issue's target: int8 within 0.01).
+Results go to ``benchmarks/results/embed_backends.json`` and ``.md``.
+
+    python benchmarks/embed_backends.py --model runs/recipe-study/mlm40+simcse-s0 --reps 3 --suite quick
 """
 from __future__ import annotations
 
@@ -46,12 +50,23 @@ def main(argv=None) -> dict:
     parser.add_argument("--fp32-graphs", action="store_true", help="also time the fp32 ONNX and OpenVINO graphs")
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "adapt-bench")
     parser.add_argument("--out", type=Path, default=RESULTS / "embed_backends.json")
+    parser.add_argument("--suite", help="also score every backend on this adapt bench suite (e.g. quick)")
+    parser.add_argument("--suite-only", action="store_true",
+                        help="with --suite: keep the timings in --out, score the suite again (cached embeddings)")
     args = parser.parse_args(argv)
+    load_at_start = os.getloadavg()
     from adapt.encoder import load_encoder
     from adapt.rebuild import export_from_path
 
     reps = args.reps or (2 if args.quick else 3)
     source = args.model or smollm2_encoder(args.workdir)
+    if args.suite_only:
+        result = json.loads(args.out.read_text())
+        folders = {name: args.workdir / f"{Path(source).name}-{name.replace(' ', '-')}" for name in result["methods"]
+                   if name != "torch fp32"}
+        result["suite"] = suite_scores(source, folders, args.suite, args.workdir, args.batch_size)
+        write_results(result, args.out)
+        return result
     texts = lee_texts(args.quick)
     variants = [("onnx", "int8"), ("openvino", "int8")] + ([("onnx", None), ("openvino", None)] if args.fp32_graphs else [])
     folders, export_seconds = {}, {}
@@ -87,8 +102,8 @@ def main(argv=None) -> dict:
     base = vectors["torch fp32"]
     result = {"model": str(source), "texts": len(texts), "tokens": tokens, "batch_size": args.batch_size, "reps": reps,
               "quick": args.quick, "torch_threads": torch.get_num_threads(), "cpu": platform.processor() or
-              platform.machine(), "load_average_at_end": os.getloadavg(), "export_seconds": export_seconds,
-              "methods": {}}
+              platform.machine(), "load_average_at_start": load_at_start, "load_average_at_end": os.getloadavg(),
+              "export_seconds": export_seconds, "methods": {}}
     for name in encoders:
         seconds = statistics.median(times[name])
         cos = cosines(base, vectors[name])
@@ -98,11 +113,37 @@ def main(argv=None) -> dict:
             "load_added_mb": load_mb[name], "all_seconds": [round(t, 3) for t in times[name]],
             "min_cosine_vs_torch": round(float(cos.min()), 6), "mean_cosine_vs_torch": round(float(cos.mean()), 6),
             "speedup_vs_torch": round(statistics.median(times["torch fp32"]) / seconds, 2)}
-    write_results(result, args.out)
+    write_results(result, args.out)  # the timings are kept even if the suite run fails
+    if args.suite:
+        del encoders, vectors
+        result["suite"] = suite_scores(source, folders, args.suite, args.workdir, args.batch_size)
+        write_results(result, args.out)
     for name, m in result["methods"].items():
         print(f"{name:15s} {m['texts_per_s']:8.2f} texts/s {m['tokens_per_s']:9.1f} tokens/s  x{m['speedup_vs_torch']:.2f}"
               f"  cos min {m['min_cosine_vs_torch']:.4f} mean {m['mean_cosine_vs_torch']:.4f}  peak +{m['peak_added_mb']:.0f} MB")
     return result
+
+
+def suite_scores(source: Path, folders: dict[str, Path], suite: str, workdir: Path, batch_size: int) -> dict:
+    """The suite's average for torch fp32 and each graph, with each graph's change against torch fp32."""
+    from adapt.bench.runner import run_bench
+
+    names = ["torch fp32", *folders]
+    report = run_bench([str(source), *map(str, folders.values())], suite=suite, out_dir=workdir / f"bench-{suite}",
+                       batch_size=batch_size, update_cards=False, reference=None)
+    averages = [row for row in report.rows if row.get("kind") == "average"]
+    if len(averages) != len(names):
+        raise RuntimeError(f"expected {len(names)} average rows from the {suite} suite, got {len(averages)}")
+    out = {"suite": suite, "report": str(report.paths.get("markdown", "")), "models": {}}
+    base = averages[0]["value"]
+    for name, row in zip(names, averages):
+        out["models"][name] = {"average": round(row["value"], 4), "ci": [round(row["ci_low"], 4), round(row["ci_high"], 4)],
+                               "change_vs_torch": round(row["value"] - base, 4), "p_value": row.get("p_value"),
+                               "change_ci": [None if row.get(k) is None else round(row[k], 4)
+                                             for k in ("delta_ci_low", "delta_ci_high")]}
+        print(f"{suite} suite {name:15s} average {row['value']:.4f} change {row['value'] - base:+.4f} "
+              f"p={row.get('p_value')}", flush=True)
+    return out
 
 
 def write_results(result: dict, out: Path) -> None:
@@ -112,8 +153,8 @@ def write_results(result: dict, out: Path) -> None:
     lines = ["# Embedding backends: ONNX / OpenVINO int8 vs torch fp32", "",
              f"Model `{r['model']}`, {r['texts']} texts ({r['tokens']} tokens), batch size {r['batch_size']}, "
              f"{r['torch_threads']} threads, {r['reps']} interleaved repetitions (median){' (quick)' if r['quick'] else ''}; "
-             f"load average at the end {', '.join(f'{x:.1f}' for x in r['load_average_at_end'])} on {os.cpu_count()} "
-             "cores (a shared machine: other jobs ran alongside).", "",
+             f"load average (1, 5, 15 min) at the start {', '.join(f'{x:.1f}' for x in r['load_average_at_start'])}, "
+             f"at the end {', '.join(f'{x:.1f}' for x in r['load_average_at_end'])}, on {os.cpu_count()} cores.", "",
              "| backend | texts/s | tokens/s | vs torch fp32 | min cosine | mean cosine | peak added MB (run) | "
              "added MB (load) | runs, s |", "|---|---|---|---|---|---|---|---|---|"]
     for name, m in r["methods"].items():
@@ -123,6 +164,14 @@ def write_results(result: dict, out: Path) -> None:
     if r["export_seconds"]:
         lines += ["", "Export (adapt export --backend, checks included): " +
                   ", ".join(f"{k} {v} s" for k, v in r["export_seconds"].items())]
+    if r.get("suite"):
+        lines += ["", f"`{r['suite']['suite']}` suite, same encoders (paired bootstrap against torch fp32):", "",
+                  "| backend | average [95%] | change vs torch fp32 [95%] | p |", "|---|---|---|---|"]
+        for name, m in r["suite"]["models"].items():
+            low, high = m.get("change_ci") or (None, None)
+            change = f"{m['change_vs_torch']:+.4f}" + (f" [{low:+.4f}, {high:+.4f}]" if low is not None else "")
+            lines.append(f"| {name} | {m['average']:.4f} [{m['ci'][0]:.3f}, {m['ci'][1]:.3f}] | {change} | "
+                         f"{m['p_value'] if name != 'torch fp32' else '-'} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 

@@ -77,6 +77,12 @@ def test_summaries_and_averages():
     assert set(averages) == {"ref", "good"}  # bm25 has no score on c: no average
     assert averages["good"].value == pytest.approx((values[("good", "r")] + values[("good", "c")]) / 2)
     assert averages["good"].significant and averages["good"].low < averages["good"].value < averages["good"].high
+    # the paired difference's interval: above 0 where significantly better, around 0 for identical items
+    good_r, delta_r = cells[("good", "r")], values[("good", "r")] - values[("ref", "r")]
+    assert 0 < good_r.delta_low < delta_r < good_r.delta_high
+    assert cells[("good", "c")].delta_low == cells[("good", "c")].delta_high == 0
+    assert cells[("ref", "r")].delta_low is None and averages["ref"].delta_high is None
+    assert averages["good"].delta_low > 0
 
 
 def test_annotate_adds_intervals_tests_and_average_rows():
@@ -92,8 +98,11 @@ def test_annotate_adds_intervals_tests_and_average_rows():
     assert all(r["ci_low"] <= r["value"] <= r["ci_high"] for r in main)
     assert all(r["p_value"] is None for r in main if r["model"] == "ref")
     assert all(0 <= r["p_value"] <= 1 and r["delta"] is not None for r in main if r["model"] == "other")
+    assert all(r["delta_ci_low"] <= r["delta"] <= r["delta_ci_high"] for r in main if r["model"] == "other")
     averages = [r for r in out if r["kind"] == "average"]
     assert [r["model"] for r in averages] == ["ref", "other"] and not any(r["main"] for r in averages)
+    assert averages[0]["delta_ci_low"] is None and averages[1]["delta_ci_low"] < averages[1]["delta"] < \
+        averages[1]["delta_ci_high"]
     assert all("ci_low" not in r for r in out if r["metric"] == "macro_f1")
 
 

@@ -112,6 +112,14 @@ def interval(dist: np.ndarray, estimate: float | None = None, level: float = LEV
     return float(low - shift), float(high - shift)
 
 
+def paired(dist: np.ndarray, ref: np.ndarray | None, value: float, ref_value: float | None) -> tuple:
+    """(p_value, delta_low, delta_high) of ``value - ref_value`` on the same resamples; Nones without a reference."""
+    if ref is None:
+        return None, None, None
+    diff = np.asarray(dist, dtype=np.float64) - np.asarray(ref, dtype=np.float64)
+    return (paired_p_value(dist, ref, value - ref_value), *interval(diff, value - ref_value))
+
+
 def paired_p_value(dist_a: np.ndarray, dist_b: np.ndarray, observed: float | None = None) -> float:
     """Two-sided paired bootstrap p-value of ``a - b`` (same resamples for both): 1 for identical systems.
 
@@ -127,12 +135,14 @@ def paired_p_value(dist_a: np.ndarray, dist_b: np.ndarray, observed: float | Non
 
 @dataclass
 class Summary:
-    """A score with its interval and, against a reference, the paired difference's p-value."""
+    """A score with its interval and, against a reference, the paired difference's p-value and interval."""
 
     value: float
     low: float
     high: float
     p_value: float | None = None  # None for the reference itself or when there is no reference
+    delta_low: float | None = None  # the paired difference's 95% interval, with p_value
+    delta_high: float | None = None
 
     @property
     def significant(self) -> bool:
@@ -154,8 +164,8 @@ def summarize(dists: dict[tuple[str, str], np.ndarray], values: dict[tuple[str, 
     for (model, task), dist in dists.items():
         ref = dists.get((reference, task)) if reference and model != reference else None
         value = values[(model, task)]
-        p = paired_p_value(dist, ref, value - values[(reference, task)]) if ref is not None else None
-        cells[(model, task)] = Summary(value, *interval(dist, value), p)
+        cells[(model, task)] = Summary(value, *interval(dist, value),
+                                       *paired(dist, ref, value, values.get((reference, task))))
     averages: dict[str, Summary] = {}
     avg_dist = {m: np.mean([dists[(m, t)] for t in tasks], axis=0) for m in models
                 if all((m, t) in dists for t in tasks)}
@@ -163,8 +173,7 @@ def summarize(dists: dict[tuple[str, str], np.ndarray], values: dict[tuple[str, 
     for model, dist in avg_dist.items():
         ref = avg_dist.get(reference) if reference and model != reference else None
         value = mean_value[model]
-        p = paired_p_value(dist, ref, value - mean_value[reference]) if ref is not None else None
-        averages[model] = Summary(value, *interval(dist, value), p)
+        averages[model] = Summary(value, *interval(dist, value), *paired(dist, ref, value, mean_value.get(reference)))
     return cells, averages
 
 
@@ -187,8 +196,8 @@ def annotate(rows: list[dict], items: dict[tuple[str, str], ItemScores], referen
         if cell is not None:
             ref = values.get((reference, row["task"])) if cell.p_value is not None else None
             row.update(ci_low=cell.low, ci_high=cell.high, reference=reference, p_value=cell.p_value,
-                       delta=None if ref is None else row["value"] - ref,
-                       significant=cell.significant if cell.p_value is not None else None)
+                       delta=None if ref is None else row["value"] - ref, delta_ci_low=cell.delta_low,
+                       delta_ci_high=cell.delta_high, significant=cell.significant if cell.p_value is not None else None)
         out.append(row)
     for model in dict.fromkeys(r["model"] for r in rows):
         summary = averages.get(model)
@@ -200,5 +209,6 @@ def annotate(rows: list[dict], items: dict[tuple[str, str], ItemScores], referen
                     "spec": mine[0].get("spec"), "versions": mine[0].get("versions"), "ci_low": summary.low,
                     "ci_high": summary.high, "reference": reference, "p_value": summary.p_value,
                     "delta": None if summary.p_value is None else summary.value - averages[reference].value,
+                    "delta_ci_low": summary.delta_low, "delta_ci_high": summary.delta_high,
                     "significant": summary.significant if summary.p_value is not None else None})
     return out
