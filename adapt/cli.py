@@ -61,10 +61,11 @@ def main(verbose):
 @click.option("--objective", help="mlm, mntp or clm (mixtures and phases: in a preset or --set objective.schedule=...).")
 @click.option("--tuning", type=click.Choice(["full", "lora", "qlora"]), help="Full fine-tuning, LoRA or QLoRA.")
 @click.option("--max-steps", type=int, help="Optimizer steps (every stage's, with --stages).")
-@click.option("--stages", help="Chain stages, e.g. mlm,simcse or mntp,contrastive (kinds: mlm, mntp, simcse, "
-              "contrastive); each starts from the one before. Per stage: --set KIND.section.key=value.")
+@click.option("--stages", help="Chain stages, e.g. mlm,simcse, mntp,contrastive or mlm,splade (kinds: mlm, mntp, "
+              "simcse, contrastive, crops, splade: a sparse encoder); each starts from the one before. Per stage: "
+              "--set KIND.section.key=value.")
 @click.option("--pairs", type=click.Path(dir_okay=False), help="JSON lines of {query, positive, negatives?} for a "
-              "`contrastive` stage.")
+              "`contrastive` or `splade` stage.")
 @click.option("--resume", is_flag=True, help="Continue the run in OUT from its last checkpoint (finished stages are kept).")
 @click.option("--overwrite", is_flag=True, help="Replace whatever OUT holds.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override any setting, e.g. train.lr=1e-4.")
@@ -168,18 +169,23 @@ def _prompts(items):
               "cosine vs torch.")
 @click.option("--quantize", type=click.Choice(["int8", "int8-weights"]), help="int8: ONNX dynamic int8 (fastest), "
               "OpenVINO int8 weights; int8-weights: int8 weights only (ONNX: slower, closer to fp32).")
+@click.option("--kind", type=click.Choice(["dense", "sparse"]), help="dense: an embedding encoder; sparse: a SPLADE "
+              "SparseEncoder of the LM head the run trained (default: as SOURCE was exported).")
+@click.option("--top-k", type=int, help="Sparse: keep each vector's K largest term weights (implies --kind sparse).")
 @_friendly
-def export(source, out, pooling, normalize, max_seq_length, dtype, prompts, backend, quantize):
+def export(source, out, pooling, normalize, max_seq_length, dtype, prompts, backend, quantize, kind, top_k):
     """Write an embedding encoder from SOURCE: a converted run or an encoder, or a training checkpoint
     (OUT/run/checkpoints/step-N; OUT/run/checkpoints for the newest), rebuilt from the run's config.
-    With --backend onnx|openvino the folder also holds that graph, and `adapt embed` runs it."""
+    With --backend onnx|openvino the folder also holds that graph, and `adapt embed` runs it. With
+    --kind sparse it is a SPLADE encoder that `SparseEncoder(DIR)` loads."""
     from adapt.rebuild import export_from_path
 
     _no_bitsandbytes()  # --quantize is ONNX/OpenVINO int8, not bitsandbytes
     if quantize and backend == "torch":
         raise click.UsageError("--quantize needs --backend onnx or openvino")
     path = export_from_path(source, out, pooling=pooling, normalize=normalize, max_seq_length=max_seq_length,
-                            prompts=_prompts(prompts), dtype=dtype, backend=backend, quantize=quantize)
+                            prompts=_prompts(prompts), dtype=dtype, backend=backend, quantize=quantize, kind=kind,
+                            top_k=top_k)
     click.echo(f"exported {source} -> {path} (probe: bidirectional)")
     if backend != "torch":
         from adapt.backends import folder_backend

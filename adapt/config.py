@@ -1,6 +1,6 @@
 """Run configuration: dataclasses that explain themselves, YAML presets in, resolved YAML out.
 
-A run is ``RunConfig(model, data, objective, tuning, train, export, contrastive)``, plus an optional
+A run is ``RunConfig(model, data, objective, tuning, train, export, contrastive, splade)``, plus an optional
 ``stages`` list that chains runs (``adapt.stages``). Presets under ``presets/`` are partial dicts of
 the same shape; ``--set section.key=value`` overrides any field. Every value is
 checked in ``__post_init__`` so a bad preset fails before any model is loaded.
@@ -250,8 +250,28 @@ def check_matryoshka(dims, weights) -> None:
            f"contrastive.matryoshka_weights must be positive numbers, not {weights!r}")
 
 
+@dataclass
+class SpladeConfig:
+    """A ``splade`` stage (``adapt.objectives.splade``): the MLM head's vocabulary logits pooled into one weight
+    per term (max over tokens of log1p(relu)), trained on ranking pairs. Its pairs (``contrastive.pairs``, else
+    crops of ``data.sources``) and their settings (hard_negatives, crop_ratio, max_length, mini_batch, gather,
+    max_texts, prompts) come from the ``contrastive`` section."""
+    lambda_q: float = _help("FLOPS regularizer weight on query vectors (SPLADE v2: 3e-4); larger: fewer active "
+                            "terms per query", 3e-4)
+    lambda_d: float = _help("FLOPS regularizer weight on document vectors (SPLADE v2: 1e-4)", 1e-4)
+    lambda_warmup: float = _help("fraction of the stage's steps over which both weights grow quadratically from 0 "
+                                 "(SPLADE v2: 50k of 150k steps)", 0.33)
+    top_k: int | None = _help("keep only the k largest weights of each vector in the exported encoder "
+                              "(sentence-transformers' max_active_dims); null: all", None)
+
+    def __post_init__(self):
+        _check(self.lambda_q >= 0 and self.lambda_d >= 0, "splade.lambda_q and splade.lambda_d must be 0 or more")
+        _check(0 <= self.lambda_warmup <= 1, f"splade.lambda_warmup must be in [0, 1], not {self.lambda_warmup}")
+        _check(self.top_k is None or self.top_k > 0, "splade.top_k must be a positive number of terms or null")
+
+
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "objective": ObjectiveConfig, "tuning": TuningConfig,
-            "train": TrainConfig, "export": ExportConfig, "contrastive": ContrastiveConfig}
+            "train": TrainConfig, "export": ExportConfig, "contrastive": ContrastiveConfig, "splade": SpladeConfig}
 
 
 def check_stages(stages) -> list:
@@ -289,6 +309,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     contrastive: ContrastiveConfig = field(default_factory=ContrastiveConfig)
+    splade: SpladeConfig = field(default_factory=SpladeConfig)
     description: str = ""
     stages: list = field(default_factory=list)  # see check_stages and adapt.stages
     kind: str = DEFAULT_KIND  # what the run trains: an objective kind of adapt.objectives (mlm, mntp, simcse, ...)
@@ -322,7 +343,8 @@ class RunConfig:
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)
         for key, default in (("description", ""), ("stages", []), ("kind", DEFAULT_KIND),
-                             ("contrastive", dataclasses.asdict(ContrastiveConfig()))):
+                             ("contrastive", dataclasses.asdict(ContrastiveConfig())),
+                             ("splade", dataclasses.asdict(SpladeConfig()))):
             if out[key] == default:  # MLM-only runs keep the config.yaml they always had
                 out.pop(key)
         return out

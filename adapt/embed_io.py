@@ -33,6 +33,8 @@ from adapt.embed_shards import (barrier, embed_shards, end_group, gather, iter_s
                                 read_manifest, run_key, start_group, write_manifest)
 from adapt.errors import ConfigError, DataError
 from adapt.readers import file_format, iter_lines, iter_records, supported
+from adapt.sparse_embed import check_sparse_output, embed_sparse
+from adapt.sparse_export import is_sparse_folder
 
 INPUT_FORMATS = ("text", "jsonl", "csv", "parquet")  # adapt.readers formats
 OUTPUT_FORMATS = (".npy", ".parquet", ".jsonl")
@@ -304,6 +306,15 @@ def embed(encoder_source, texts: Iterable[str] | None = None, input_path=None, o
 
     procs = processes()
     sharded = bool(shards) or procs.world > 1 or is_shard_folder(output_path)
+    if not isinstance(encoder_source, Encoder) and is_sparse_folder(encoder_source):  # adapt.sparse_embed's rows
+        if sharded or normalize or backend not in (None, "torch"):
+            raise ConfigError(f"{encoder_source} is a sparse encoder: its vectors go to one .jsonl or .parquet file "
+                              "(no shards, --normalize or --backend)")
+        check_sparse_output(output_path)  # before the input is opened and the model loaded
+        stream, n = read_texts(input_path, texts, field=field)
+        return embed_sparse(encoder_source, stream, output_path, n=n, prompt_name=prompt_name, batch_size=batch_size,
+                            max_length=max_length, dtype=dtype, device=device, chunk_size=chunk_size,
+                            show_progress=show_progress)
     folder = merge_to = None
     if sharded:
         if output_path is None or str(output_path) == "-":

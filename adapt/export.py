@@ -285,26 +285,38 @@ def render_card(name: str, manifest: dict) -> str:
     bench = card.pop("bench", None) or card.pop("benchmark", None) or {}
     full_recipe = card.pop("recipe", None)
     source = portable(manifest.get("source") or card.get("source") or "unknown")
-    lines = ["---", "library_name: sentence-transformers", "pipeline_tag: sentence-similarity",
-             "tags: [sentence-transformers, feature-extraction, bidirectional, adapt]"]
+    sparse = manifest.get("kind") == "sparse"
+    lines = ["---", "library_name: sentence-transformers",
+             f"pipeline_tag: {'feature-extraction' if sparse else 'sentence-similarity'}",
+             f"tags: [sentence-transformers, {'sparse-encoder, splade' if sparse else 'feature-extraction'}, "
+             "bidirectional, adapt]"]
     raw_source = str(manifest.get("source") or "")
     if raw_source and not os.path.isabs(raw_source) and not os.path.exists(raw_source) and ":" not in raw_source:
         lines.append(f"base_model: {raw_source}")  # a hub id
+    kind, cls = ("sparse (SPLADE) text encoder", "SparseEncoder") if sparse else ("text encoder", "SentenceTransformer")
     lines += ["---", "", f"# {name}", "",
-              f"A bidirectional text encoder converted by `adapt` from the causal decoder `{source}`: its attention "
+              f"A bidirectional {kind} converted by `adapt` from the causal decoder `{source}`: its attention "
               "sees the whole text (`\"is_causal\": false` in config.json), adapted as the recipe below says.", "",
-              "## Usage", "", "```python", "from sentence_transformers import SentenceTransformer",
-              f'model = SentenceTransformer("{name}")', 'vectors = model.encode(["A first text.", "Another one."])',
-              "```", "", f'Or `adapt embed {name} "A first text."`. The backbone alone loads with '
-              "`transformers.AutoModel.from_pretrained`."] + _backend_usage(name, manifest.get("backend")) + [""]
+              "## Usage", "", "```python", f"from sentence_transformers import {cls}",
+              f'model = {cls}("{name}")', 'vectors = model.encode(["A first text.", "Another one."])']
+    if sparse:
+        lines += ["model.decode(vectors[0], top_k=10)  # the heaviest vocabulary terms and their weights"]
+    lines += ["```", "", f'Or `adapt embed {name} "A first text."`. ' + (
+        "Each vector holds one weight per vocabulary term (max over tokens of log1p(relu(LM-head logits)); dot "
+        "product similarity)." if sparse else
+        "The backbone alone loads with `transformers.AutoModel.from_pretrained`.")]
+    lines += _backend_usage(name, manifest.get("backend")) + [""]
     dims = manifest.get("matryoshka_dims") or []
     if len(dims) > 1:
         lines += [f"Trained for truncation (Matryoshka) to {', '.join(map(str, dims))} dimensions: "
                   f'`SentenceTransformer("{name}", truncate_dim={dims[1]})`, or `adapt embed {name} --dim {dims[1]}` '
                   "(re-normalized).", ""]
-    lines += ["## Encoder", "", "| setting | value |", "|---|---|",
-              f"| pooling | {manifest['pooling']} |", f"| normalized | {manifest['normalize']} |",
-              f"| max sequence length | {manifest['max_seq_length']} |", f"| dtype | {manifest['dtype']} |",
+    lines += ["## Encoder", "", "| setting | value |", "|---|---|", f"| pooling | {manifest['pooling']} |"]
+    if sparse:
+        lines.append(f"| active terms kept (top_k) | {manifest.get('top_k') or 'all'} |")
+    else:
+        lines.append(f"| normalized | {manifest['normalize']} |")
+    lines += [f"| max sequence length | {manifest['max_seq_length']} |", f"| dtype | {manifest['dtype']} |",
               f"| attention | {manifest['attn_implementation']} |"]
     lines += [f"| prompt `{key}` | `{value!r}` |" for key, value in (manifest.get("prompts") or {}).items()]
     dims = manifest.get("matryoshka_dims") or []

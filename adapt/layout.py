@@ -8,6 +8,9 @@ its root, written by :mod:`adapt.export`) and the record of the run that made it
     OUT/run/summary.json       probes, figures; written last, so it marks a finished run
     OUT/run/checkpoints/step-N resume points (Accelerate state + trainer_state.json, written last)
     OUT/run/adapter/           the LoRA adapter;  OUT/run/data/  the packed token store
+    OUT/run/lm_head.safetensors  the trained model's LM head when it is not tied to the input embeddings
+                               (the encoder at OUT keeps only the backbone; a later stage or a sparse
+                               export of OUT needs the head: :func:`adapt.loading.find_lm_head`)
     OUT/run/data.json          what a contrastive run trained on (checked on --resume)
     OUT/run/stages/K-KIND.yaml a staged run's per-stage configs;  OUT/stages/K-KIND/  each stage's OUT
 
@@ -36,6 +39,13 @@ ADAPTER = "adapter"
 TOKEN_STORE = "data"
 DATA_FINGERPRINT = "data.json"
 STAGES = "stages"
+LM_HEAD = "lm_head.safetensors"
+
+
+def last_stage_dir(out) -> Path | None:
+    """``OUT/stages/K-KIND`` of a staged run with the highest K (the stage OUT's encoder comes from), or None."""
+    found = [p for p in (Path(out) / STAGES).glob("*-*") if p.is_dir() and p.name.split("-")[0].isdigit()]
+    return max(found, key=lambda p: int(p.name.split("-")[0])) if found else None
 
 
 def run_dir(out) -> Path:

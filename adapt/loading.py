@@ -19,6 +19,8 @@ from adapt.bidirectional import is_decoder_only, prepare_config
 from adapt.bnb import check_quantized_weights, quantizes, require_bitsandbytes
 from adapt.config import ModelConfig, TuningConfig
 from adapt.errors import ConfigError, ModelLoadError
+from adapt.heads import has_saved_lm_head, restore_lm_head
+from adapt.layout import LM_HEAD
 
 log = logging.getLogger(__name__)
 
@@ -246,8 +248,12 @@ def lean_cpu_malloc(tuning: TuningConfig | None, device_map=None) -> bool:
 
 
 def load_decoder(cfg: ModelConfig, tuning: TuningConfig | None = None, *, bidirectional: bool = True,
-                 device_map=None):
-    """Load ``(model, tokenizer)``; the model is a ``*ForCausalLM`` made bidirectional unless told not to."""
+                 device_map=None, require_head: bool = False):
+    """Load ``(model, tokenizer)``; the model is a ``*ForCausalLM`` made bidirectional unless told not to.
+
+    A folder whose weights lack the LM head (an encoder adapt exported keeps only the backbone) gets the
+    head its run trained back (:func:`restore_lm_head`); ``require_head``: an error when there is none.
+    """
     from transformers import AutoModelForCausalLM
 
     source = resolve_source(cfg.source, cfg.gguf_file)
@@ -271,10 +277,22 @@ def load_decoder(cfg: ModelConfig, tuning: TuningConfig | None = None, *, bidire
     if device_map is not None:
         kwargs["device_map"] = device_map
     lean_cpu_malloc(tuning, device_map)
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    if source.is_local and has_saved_lm_head(source.path):
+        hf_logging.set_verbosity_error()  # "lm_head newly initialized" is not so: its run's head is put back below
     try:
-        model = AutoModelForCausalLM.from_pretrained(source.path, **kwargs)
+        model, info = AutoModelForCausalLM.from_pretrained(source.path, output_loading_info=True, **kwargs)
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"cannot load weights from {source.path!r}: {e}") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    head = restore_lm_head(model, source.path, info.get("missing_keys") or ()) if source.is_local else "loaded"
+    if head == "missing" and require_head:
+        raise ModelLoadError(f"{source.path} holds no trained LM head (an encoder export keeps only the backbone) and "
+                             f"no run of it saved one: use the converted run folder itself (OUT, which keeps "
+                             f"run/{LM_HEAD} or checkpoints) or one of its checkpoints")
     if qconfig is not None:
         keep_4bit_trainable(model)
         release_load_memory(model)

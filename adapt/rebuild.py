@@ -21,11 +21,12 @@ import torch
 from adapt import layout
 from adapt.arch import preferred_attention
 from adapt.bidirectional import is_bidirectional
-from adapt.errors import ModelLoadError, NotBidirectionalError
+from adapt.errors import ConfigError, ModelLoadError, NotBidirectionalError
 from adapt.export import MANIFEST, export_encoder
 from adapt.io_utils import read_json
 from adapt.objectives import build_objective
 from adapt.runner import load_model
+from adapt.sparse_export import SPARSE, export_sparse, is_sparse_folder, reexport_sparse
 from adapt.tuning import apply_tuning
 
 log = logging.getLogger(__name__)
@@ -131,8 +132,13 @@ def _tokenizer_folder(model_dir: Path) -> Path:
 
 def export_from_path(source, out_dir, *, pooling: str | None = None, normalize: bool | None = None,
                      max_seq_length: int | None = None, prompts: dict[str, str] | None = None, dtype=None,
-                     card: dict | None = None, backend: str = "torch", quantize: str | None = None) -> Path:
+                     card: dict | None = None, backend: str = "torch", quantize: str | None = None,
+                     kind: str | None = None, top_k: int | None = None) -> Path:
     """``adapt export SOURCE -o DIR``: re-export a converted run folder, an exported encoder or a checkpoint.
+
+    ``kind`` "sparse": a SPLADE encoder of the causal LM with the head its run trained
+    (:mod:`adapt.sparse_export`; ``top_k`` keeps each vector's k largest weights); "dense": an embedding
+    encoder; None: as SOURCE was exported (a checkpoint: as its stage exports).
 
     ``backend`` "onnx" or "openvino" (``quantize`` None or "int8"): the encoder is exported to a
     scratch folder, its graph added and checked there (:func:`adapt.backend_export.add_backend`), and
@@ -145,7 +151,18 @@ def export_from_path(source, out_dir, *, pooling: str | None = None, normalize: 
     from the run's ``export`` section; else mean pooling, no normalization, 512 tokens, no prompts.
     The source must already be bidirectional (``is_causal: false``).
     """
+    if kind not in (None, "dense", SPARSE):
+        raise ConfigError(f"unknown export kind {kind!r}: dense or sparse")
+    if top_k is not None and kind == "dense":
+        raise ConfigError("--top-k prunes sparse vectors: it does not apply to --kind dense")
+    kind = SPARSE if top_k is not None else kind
+    if kind == SPARSE and (pooling or normalize):
+        raise ConfigError("a sparse encoder pools the LM head's logits (max of log1p(relu)): --pooling and "
+                          "--normalize apply to dense exports")
     if backend not in (None, "torch"):
+        if kind == SPARSE or (kind is None and is_sparse_folder(source)):
+            raise ConfigError("ONNX/OpenVINO graphs are written for dense encoders only: export the sparse encoder "
+                              "with the torch backend")
         return _export_with_backend(source, out_dir, backend, quantize, pooling=pooling, normalize=normalize,
                                     max_seq_length=max_seq_length, prompts=prompts, dtype=dtype, card=card)
     from transformers import AutoConfig, AutoModel, AutoTokenizer
@@ -157,9 +174,13 @@ def export_from_path(source, out_dir, *, pooling: str | None = None, normalize: 
         ckpt = layout.find_checkpoint(source)
         if ckpt is not None:
             return _export_checkpoint(ckpt, out_dir, pooling=pooling, normalize=normalize,
-                                      max_seq_length=max_seq_length, prompts=prompts, dtype=dtype, card=card)
+                                      max_seq_length=max_seq_length, prompts=prompts, dtype=dtype, card=card,
+                                      kind=kind, top_k=top_k)
     model_dir = _model_folder(source)
     previous = read_json(model_dir / MANIFEST)
+    if kind == SPARSE or (kind is None and previous.get("kind") == SPARSE):
+        return reexport_sparse(model_dir, out_dir, top_k=top_k, max_seq_length=max_seq_length, prompts=prompts,
+                               dtype=dtype, card=card)
     try:
         config = AutoConfig.from_pretrained(model_dir)
     except Exception as err:  # noqa: BLE001
@@ -202,7 +223,8 @@ def _export_with_backend(source, out_dir, backend, quantize, **settings) -> Path
     return out_dir
 
 
-def _export_checkpoint(ckpt: Path, out_dir, *, pooling, normalize, max_seq_length, prompts, dtype, card) -> Path:
+def _export_checkpoint(ckpt: Path, out_dir, *, pooling, normalize, max_seq_length, prompts, dtype, card, kind=None,
+                       top_k=None) -> Path:
     """Export a training checkpoint: the run rebuilt from its config, LoRA merged; settings default to the run's."""
     loaded = load_checkpoint_model(ckpt)
     cfg, run_dir = loaded.config, ckpt.parent.parent
@@ -212,6 +234,12 @@ def _export_checkpoint(ckpt: Path, out_dir, *, pooling, normalize, max_seq_lengt
     if summary.get("final_eval"):
         facts["final_eval (end of the run)"] = summary["final_eval"]
     exp = cfg.export
+    if kind == SPARSE or (kind is None and build_objective(cfg).export_kind == SPARSE):
+        return export_sparse(loaded.model, loaded.tokenizer, out_dir, top_k=top_k if top_k is not None else
+                             cfg.splade.top_k, max_seq_length=max_seq_length or exp.max_seq_length,
+                             prompts=(exp.prompts or None) if prompts is None else prompts,
+                             dtype=dtype if dtype is not None else exp.dtype, card={**facts, **(card or {})},
+                             source=cfg.model.source)
     return export_encoder(loaded.model, loaded.tokenizer, out_dir, pooling=pooling or exp.pooling,
                           normalize=exp.normalize if normalize is None else normalize,
                           max_seq_length=max_seq_length or exp.max_seq_length,

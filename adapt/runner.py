@@ -23,9 +23,11 @@ from adapt.bidirectional import assert_bidirectional
 from adapt.config import RunConfig
 from adapt.errors import DataError, NotBidirectionalError
 from adapt.export import export_encoder
+from adapt.heads import save_lm_head
 from adapt.io_utils import atomic_write_json
 from adapt.loading import load_decoder
 from adapt.objectives import StageContext, build_objective
+from adapt.sparse_export import SPARSE, export_sparse
 from adapt.train import Trainer, build_accelerator, plot_metrics
 from adapt.tuning import apply_tuning, save_adapter_and_merge, trainable_parameters
 
@@ -68,7 +70,8 @@ def probe_saved(out: Path):
     config = json.loads((out / "config.json").read_text())
     if config.get("is_causal", True) is not False:
         raise NotBidirectionalError(f"{out}/config.json does not say is_causal: false")
-    model = AutoModel.from_pretrained(str(out))  # as a user loads it: no arguments (export pins attention)
+    with quiet_transformers():  # a sparse export's root holds the LM head, which AutoModel leaves aside
+        model = AutoModel.from_pretrained(str(out))  # as a user loads it: no arguments (export pins attention)
     return assert_bidirectional(model, where=f"{out} reloaded with transformers")
 
 
@@ -130,11 +133,15 @@ def run_stage(cfg: RunConfig, out, *, resume: bool = False, overwrite: bool = Fa
                    "tokens": result.tokens, "train_seconds": round(result.seconds, 1), "final_eval": result.last_eval,
                    "probe_before": probe_before.to_dict(),
                    "loss_plot": f"{layout.RUN}/{layout.LOSS_PLOT}" if plot else None}
+        save_lm_head(merged, run_dir)  # the export keeps the backbone only: a later stage needs the trained head
         prompts = {**objective.export_prompts(), **(cfg.export.prompts or {})}
-        export_encoder(merged, tokenizer, out, pooling=cfg.export.pooling, normalize=cfg.export.normalize,
-                       max_seq_length=cfg.export.max_seq_length, prompts=prompts or None, dtype=cfg.export.dtype,
-                       card={**summary, "recipe": cfg.to_dict()}, source=cfg.model.source,
-                       matryoshka_dims=objective.matryoshka_dims())
+        common = dict(max_seq_length=cfg.export.max_seq_length, prompts=prompts or None, dtype=cfg.export.dtype,
+                      card={**summary, "recipe": cfg.to_dict()}, source=cfg.model.source)
+        if objective.export_kind == SPARSE:
+            export_sparse(merged, tokenizer, out, top_k=cfg.splade.top_k, **common)
+        else:
+            export_encoder(merged, tokenizer, out, pooling=cfg.export.pooling, normalize=cfg.export.normalize,
+                           matryoshka_dims=objective.matryoshka_dims(), **common)
         summary["probe_after"] = probe_saved(out).to_dict()
         summary["wall_seconds"] = round(time.perf_counter() - t0, 1)
         atomic_write_json(run_dir / layout.SUMMARY, summary)

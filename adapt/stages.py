@@ -44,10 +44,12 @@ from adapt.loading import load_config, parse_dtype
 from adapt.objectives import build_objective, forced_settings, kinds, registry
 from adapt.objectives.infonce import matryoshka_sizes
 from adapt.runner import probe_saved, run_stage
+from adapt.sparse_export import SPARSE, reexport_sparse
 
 log = logging.getLogger(__name__)
 
 RUN, STAGES = layout.RUN, layout.STAGES
+PAIR_KINDS = ("contrastive", "splade")  # stages that train on --pairs (splade: crops of --data without it)
 
 
 @dataclass
@@ -128,8 +130,8 @@ def plan_stages(source, out, *, stages=None, pairs=None, preset=None, overrides=
     if not kinds_:
         raise ConfigError("no stages: pass --stages mlm,simcse (kinds: " + ", ".join(kinds()) +
                           ") or a preset with a `stages` list")
-    if pairs and "contrastive" not in kinds_:
-        raise ConfigError("--pairs is used by a `contrastive` stage: add one, e.g. --stages mlm,contrastive")
+    if pairs and not set(PAIR_KINDS) & set(kinds_):
+        raise ConfigError("--pairs is used by a `contrastive` stage (or a `splade` stage): add one, e.g. --stages mlm,contrastive")
     unused = list(preset_stages)
     common, per_stage = _split_overrides(list(overrides), kinds_)
     description = raw.pop("description", "") or ""
@@ -143,7 +145,7 @@ def plan_stages(source, out, *, stages=None, pairs=None, preset=None, overrides=
         explicit = {("model", "source"): source if i == 1 else None, ("data", "sources"): list(data) if data else None,
                     ("tuning", "method"): tuning, ("train", "max_steps"): max_steps,
                     ("objective", "schedule"): objective if registry()[kind][0].uses_lm_head else None,
-                    ("contrastive", "pairs"): str(pairs) if pairs and kind == "contrastive" else None}
+                    ("contrastive", "pairs"): str(pairs) if pairs and kind in PAIR_KINDS else None}
         for (section, name), value in explicit.items():
             if value is not None:
                 stage_raw[section] = {**(stage_raw.get(section) or {}), name: value}
@@ -157,7 +159,7 @@ def plan_stages(source, out, *, stages=None, pairs=None, preset=None, overrides=
             cfg = RunConfig.from_dict(stage_raw)
         except ConfigError as e:
             raise ConfigError(f"stage {i} ({kind}): {e}") from None
-        if kind != "contrastive" and not cfg.data.sources:
+        if not cfg.data.sources and not (kind in PAIR_KINDS and cfg.contrastive.pairs):
             raise ConfigError(f"stage {i} ({kind}) needs training text: pass --data PATH or name data.sources in the preset")
         if kind == "contrastive" and not cfg.contrastive.pairs:
             raise ConfigError(f"stage {i} (contrastive) needs pairs: pass --pairs FILE (JSON lines of "
@@ -272,16 +274,20 @@ def _publish(plan: list[Stage], out: Path, summaries: dict) -> dict:
 
     last = plan[-1].dir
     manifest = json.loads((last / MANIFEST).read_text(encoding="utf-8"))
+    source = plan[0].config.model.source
+    rows = [{"stage": s.name, "steps": summaries.get(s.name, {}).get("steps"),
+             **{k: round(v, 4) for k, v in (summaries.get(s.name, {}).get("final_eval") or {}).items()}}
+            for s in plan]
+    card = {"source": source, "stages": ", ".join(s.name for s in plan), **{r["stage"]: r for r in rows},
+            "recipe": chain_preset(plan)}
+    if manifest.get("kind") == SPARSE:
+        reexport_sparse(last, out, card=card, origin=source)
+        return {"source": source, "stages": [s.name for s in plan], "per_stage": summaries,
+                "final": str(plan[-1].dir), "probe_after": probe_saved(out).to_dict()}
     dtype = parse_dtype(manifest.get("dtype"))
     attn = manifest.get("attn_implementation") or preferred_attention(AutoConfig.from_pretrained(str(last)))
     model = AutoModel.from_pretrained(str(last), dtype=dtype, attn_implementation=attn)
     tokenizer = AutoTokenizer.from_pretrained(str(last))
-    rows = [{"stage": s.name, "steps": summaries.get(s.name, {}).get("steps"),
-             **{k: round(v, 4) for k, v in (summaries.get(s.name, {}).get("final_eval") or {}).items()}}
-            for s in plan]
-    source = plan[0].config.model.source
-    card = {"source": source, "stages": ", ".join(s.name for s in plan), **{r["stage"]: r for r in rows},
-            "recipe": chain_preset(plan)}
     export_encoder(model, tokenizer, out, pooling=manifest["pooling"], normalize=manifest["normalize"],
                    max_seq_length=manifest["max_seq_length"], prompts=manifest.get("prompts") or None, dtype=dtype,
                    card=card, source=source, matryoshka_dims=manifest.get("matryoshka_dims"))

@@ -19,10 +19,11 @@ LAYERS = [
     ("files, config and layout", {"errors", "io_utils", "readers", "schedule", "coerce", "config", "layout",
                                   "bnb"}),
     ("model primitives and data", {"arch", "bidirectional", "pooling", "loading", "tuning", "embedding", "data",
-                                   "batches", "pairs"}),
+                                   "batches", "pairs", "heads", "splade"}),
     ("objectives", {"objectives"}),
     ("the loop", {"train"}),
-    ("artifacts", {"export", "encoder", "embed_io", "embed_shards", "backends", "backend_export"}),
+    ("artifacts", {"export", "encoder", "embed_io", "embed_shards", "backends", "backend_export", "sparse_export",
+                   "sparse_embed"}),
     ("the pipeline", {"runner", "stages", "convert", "rebuild", "finetune"}),
     ("commands", {"cli", "__main__", "bench"}),
 ]

@@ -14,6 +14,7 @@ import logging
 import numpy as np
 
 from adapt.bench.bm25 import BM25Baseline
+from adapt.bench.sparse import SparseRetriever
 from adapt.bench.cache import EmbeddingCache, embed, texts_hash
 from adapt.errors import ConfigError
 
@@ -51,8 +52,9 @@ def label(name: str, dim) -> str:
 
 
 def sizes_of(encoder, dims: list) -> list:
-    """The sizes a model is scored at: ``dims``, or ``[None]`` (as it is) without dims and for BM25."""
-    return [None] if not dims or isinstance(encoder, BM25Baseline) else list(dims)
+    """The sizes a model is scored at: ``dims``, or ``[None]`` (as it is) without dims and for BM25 and sparse
+    encoders (their vectors are vocabulary terms: no prefix to cut)."""
+    return [None] if not dims or isinstance(encoder, (BM25Baseline, SparseRetriever)) else list(dims)
 
 
 def truncate(vectors: np.ndarray, dim) -> np.ndarray:

@@ -144,9 +144,15 @@ Loader = Callable[[ModelSpec, int | None], EncoderLike]
 
 
 def default_loader(spec: ModelSpec, max_length: int | None, device: str | None = None) -> EncoderLike:
-    """Load ``spec`` with :func:`adapt.encoder.load_encoder` (``device`` None: the best available)."""
+    """Load ``spec`` with :func:`adapt.encoder.load_encoder` (``device`` None: the best available); a sparse
+    encoder folder as a :class:`adapt.bench.sparse.SparseRetriever` (retrieval tasks only)."""
     from adapt.encoder import load_encoder
+    from adapt.sparse_export import is_sparse_folder
 
+    if Path(spec.source).is_dir() and is_sparse_folder(spec.source):
+        from adapt.bench.sparse import load_sparse_retriever
+
+        return load_sparse_retriever(spec.source, dtype=spec.dtype, max_length=max_length, device=device)
     return load_encoder(spec.source, pooling=spec.pooling, bidirectional=spec.bidirectional,
                         normalize=spec.normalize, dtype=spec.dtype, max_length=max_length, device=device)
 

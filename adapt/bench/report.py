@@ -81,7 +81,22 @@ def markdown(rows: list[dict], title: str = "Benchmark") -> str:
             complete = scores and len(scores) == len(tasks) and not average
             averages.append(_fmt(sum(scores) / len(scores)) if complete else "-")
     lines.append("| **average** | | " + " | ".join(averages) + " |")  # no bold: it would swallow the `*` marker
-    return "\n".join(lines) + "\n" + _legend(rows)
+    return "\n".join(lines) + "\n" + _legend(rows) + _sparse_table(rows)
+
+
+def _sparse_table(rows: list[dict]) -> str:
+    """Sparse encoders' retrieval scores next to how many terms their vectors hold (adapt.bench.sparse)."""
+    value = {(row["model"], row["task"], row["metric"]): row["value"] for row in rows}
+    pairs = [(row["model"], row["task"]) for row in rows if row["metric"] == "active_terms_query"]
+    if not pairs:
+        return ""
+    lines = ["", "### Sparse encoders", "", "| model | task | ndcg@10 | active terms / query | active terms / document "
+             "| index (MB) |", "|---|---|---:|---:|---:|---:|"]
+    for model, task in pairs:
+        cells = [value.get((model, task, m)) for m in ("ndcg@10", "active_terms_query", "active_terms_doc", "index_mb")]
+        lines.append(f"| {model} | {task} | " + " | ".join("-" if c is None else f"{c:.3f}" if i == 0 else f"{c:.1f}"
+                                                         for i, c in enumerate(cells)) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def _fmt(value: float | None) -> str:

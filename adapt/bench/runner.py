@@ -29,6 +29,7 @@ from adapt.bench.folders import is_task_folder, load_task_folder
 from adapt.bench.models import (REFERENCE_LABEL, Loader, ModelSpec, as_spec, baseline_specs, default_loader,
                                 default_reference, encoder_key, expand_models)
 from adapt.bench.report import BenchReport, versions, write_reports
+from adapt.bench.sparse import SparseRetriever
 from adapt.bench.tasks import Task
 from adapt.embed_shards import Processes, barrier, end_group, processes, start_group
 from adapt.io_utils import atomic_write_text
@@ -300,10 +301,14 @@ def _update_cards(entries, display, report: BenchReport, source: str | None, tit
             log.info("benchmark results recorded in %s/README.md", spec.source)
 
 
+
 def _score(task, encoder, vectors, name: str, batch_size: int, procs: Processes):
     """(metric -> value, main metric, n, kind, per-item evidence or None) of one model on one task, its
-    texts embedded by ``vectors(texts, prompt)``; None when the model does not apply (BM25 on a task that
-    is not retrieval) and in processes other than 0 (they encode their share and wait)."""
+    texts embedded by ``vectors(texts, prompt)``; None when the model does not apply (BM25 or a sparse encoder
+    on a task that is not retrieval) and in processes other than 0 (they encode their share and wait)."""
+    if isinstance(encoder, SparseRetriever):  # sparse vectors: retrieval tasks only, scored by dot product
+        result = encoder.evaluate(task, batch_size) if isinstance(task, Task) and procs.main else None
+        return None if result is None else (result[0], task.main_metric, task.n, task.kind, result[1])
     if isinstance(encoder, BM25Baseline):
         result = encoder.evaluate(task) if isinstance(task, Task) and procs.main else None
         return None if result is None else (*result[:1], task.main_metric, task.n, task.kind, result[1])

@@ -50,6 +50,7 @@ class Objective(Protocol):
     kind: str
     micro_batches: int  # micro-batches accumulated into one optimizer step
     uses_lm_head: bool  # False: an untied LM head is frozen (encoder objectives never run it)
+    export_kind: str  # "dense": a sentence-transformers encoder; "sparse": a SPLADE SparseEncoder (adapt.sparse_export)
 
     def read_data(self) -> dict | None:
         """Read and check what can be read before anything is written; a fingerprint to check on resume."""
@@ -90,6 +91,7 @@ class ObjectiveBase:
     """No-op defaults for the optional parts of :class:`Objective`."""
 
     uses_lm_head = False
+    export_kind = "dense"
 
     def read_data(self) -> dict | None:
         return None

@@ -1,0 +1,140 @@
+"""SPLADE after MLM: the masked-LM head becomes a sparse encoder (Formal et al., 2021, "SPLADE v2").
+
+    adapt convert MODEL -o OUT --stages mlm,splade --data corpus.txt                        # crops of documents
+    adapt convert MODEL -o OUT --stages mlm,splade --data corpus.txt --pairs pairs.jsonl    # supervised pairs
+
+MLM trains the head that predicts each position's own token over the vocabulary; SPLADE pools those
+logits into one weight per vocabulary term (:mod:`adapt.splade`: max over tokens of log1p(relu)) and
+trains them for retrieval:
+
+- Pairs: ``contrastive.pairs`` (``--pairs``) when given, else two spans cropped from each document of
+  ``data.sources`` as the crops stage cuts them (:mod:`adapt.objectives.crops`); every positive and
+  hard negative of the batch (and of every process, ``contrastive.gather``) is a candidate for every
+  query, scored by dot product, with cross-entropy on the positive.
+- FLOPS regularizer on the query and document vectors, weighted by ``splade.lambda_q`` and
+  ``splade.lambda_d``, both grown quadratically from 0 over the first ``splade.lambda_warmup`` of the
+  steps (SPLADE v2), so the ranking is learnt before the vectors are made sparse.
+- Gradient caching (``contrastive.mini_batch``, ``train.grad_accum``) as the contrastive stages have it:
+  both terms of the loss are functions of the vectors, so the cache is exact.
+
+The stage exports a sparse encoder (:mod:`adapt.sparse_export`; ``splade.top_k`` keeps each vector's k
+largest weights). Evaluation reports the held-out ranking loss and accuracy and the average number of
+active terms per query and per document.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from adapt.config import RunConfig
+from adapt.objectives import StepOutput
+from adapt.objectives.contrastive import Contrastive
+from adapt.objectives.crops import EVAL_STREAM, Crops
+from adapt.objectives.infonce import all_gather_rows, false_negative_mask
+from adapt.splade import SparseLM, active_terms, flops, ranking_loss, regularizer_scale
+
+KINDS = {"splade": {}}
+
+
+class Splade(Crops):
+    """Ranking loss over sparse dot products + FLOPS, on pairs or on crops of documents."""
+
+    uses_lm_head = True  # the head is the encoder's output layer: it trains, and it is exported
+    export_kind = "sparse"
+
+    def __init__(self, cfg: RunConfig):
+        super().__init__(cfg)
+        self.s = cfg.splade
+        # the data settings are the contrastive section's; where the pairs come from decides the loss name
+        self.c = dataclasses.replace(cfg.contrastive, loss="pairs" if cfg.contrastive.pairs else "crops")
+        self.dropout = self.c.dropout  # as the model has, unless asked: no SimCSE views here
+        self.example_name = "pairs" if self.c.loss == "pairs" else "documents"
+        self.warmup_steps = round(self.s.lambda_warmup * cfg.train.max_steps)
+        self._scale = 0.0
+
+    # ---- data: pairs (contrastive) or crops --------------------------------------------------
+    def load_examples(self):
+        return Contrastive.load_examples(self) if self.c.loss == "pairs" else Crops.load_examples(self)
+
+    def texts(self, examples):
+        return Contrastive.texts(self, examples) if self.c.loss == "pairs" else Crops.texts(self, examples)
+
+    # ---- model and loss -----------------------------------------------------------------------
+    def module(self, model) -> torch.nn.Module:
+        return SparseLM(model)
+
+    def loss_fn(self, n_queries: int, positive_keys, doc_keys, inverse, *, gather: bool):
+        lambda_q, lambda_d = self._scale * self.s.lambda_q, self._scale * self.s.lambda_d
+
+        def fn(weights):  # (queries + documents, V), the chunks' order undone by `inverse`
+            dev = weights.device
+            weights = weights[inverse]
+            queries, docs = weights[:n_queries], weights[n_queries:]
+            candidates, keys, offset = docs, torch.tensor(doc_keys, dtype=torch.long, device=dev), 0
+            if gather:
+                candidates, offset = all_gather_rows(docs)
+                keys, _ = all_gather_rows(keys)
+            targets = offset + torch.arange(n_queries, device=dev)
+            mask = false_negative_mask(torch.tensor(positive_keys, dtype=torch.long, device=dev), keys, targets)
+            loss, correct = ranking_loss(queries, candidates, targets, mask)
+            return loss + lambda_q * flops(queries) + lambda_d * flops(docs), correct
+        return fn
+
+    def step(self, module, accelerator, step: int) -> StepOutput:
+        self._scale = regularizer_scale(step, self.warmup_steps)
+        out = super().step(module, accelerator, step)
+        return StepOutput(out.loss, out.tokens, "splade")
+
+    @torch.no_grad()
+    def evaluate(self, module, accelerator) -> dict:
+        """Held-out ranking loss (without FLOPS) and top-1 accuracy among each batch's documents, and the average
+        active terms per query and per document; batches shared out over processes, sums gathered."""
+        acc, bs = accelerator, self.cfg.train.batch_size
+        self._rng = np.random.default_rng([self.cfg.train.seed, EVAL_STREAM, acc.process_index])
+        batches = [self.eval_set[s:s + bs] for s in range(0, len(self.eval_set), bs)]
+        batches = [b for b in batches if len(b) >= 2]
+        if not batches:
+            return {}
+        model = acc.unwrap_model(module)  # no DDP collectives: processes may run different batches
+        model.eval()
+        sums = torch.zeros(6, dtype=torch.float64)  # loss x queries, correct, queries, query terms, doc terms, docs
+        rounds = -(-len(batches) // acc.num_processes)
+        with acc.autocast():
+            for r in range(rounds):  # every process runs as many forwards (FSDP gathers weights in forward)
+                k = r * acc.num_processes + acc.process_index
+                texts, n_queries, positive_keys, doc_keys = self.texts(batches[min(k, len(batches) - 1)])
+                chunks, inverse = self.chunks(texts, acc.device)
+                weights = torch.cat([model(**chunk) for chunk in chunks])[inverse]
+                if k >= len(batches):
+                    continue
+                dev = weights.device
+                queries, docs = weights[:n_queries], weights[n_queries:]
+                targets = torch.arange(n_queries, device=dev)
+                mask = false_negative_mask(torch.tensor(positive_keys, device=dev), torch.tensor(doc_keys, device=dev),
+                                           targets)
+                loss, correct = ranking_loss(queries, docs, targets, mask)
+                sums += torch.tensor([float(loss) * n_queries, float(correct), n_queries,
+                                      float(active_terms(queries).sum()), float(active_terms(docs).sum()), len(docs)],
+                                     dtype=torch.float64)
+        model.train()
+        total = acc.gather_for_metrics(sums.to(acc.device).unsqueeze(0)).sum(0)
+        n, n_docs = max(float(total[2]), 1.0), max(float(total[5]), 1.0)
+        return {"eval/splade_loss": float(total[0]) / n, "eval/splade_acc": float(total[1]) / n,
+                "eval/active_terms_query": float(total[3]) / n, "eval/active_terms_doc": float(total[4]) / n_docs}
+
+    # ---- records ------------------------------------------------------------------------------
+    def summary(self) -> dict:
+        s = self.s
+        return {"pairs_from": self.c.loss, "lambda_q": s.lambda_q, "lambda_d": s.lambda_d,
+                "lambda_warmup_steps": self.warmup_steps, "top_k": s.top_k, "batch_per_process": self.batch,
+                "mini_batch": self.mini_batch, "data": self.counts, "train_examples": len(self.train_set),
+                "eval_examples": len(self.eval_set)}
+
+    def export_prompts(self) -> dict:
+        c = self.c
+        return {"query": c.query_prompt, "document": c.document_prompt} if c.query_prompt or c.document_prompt else {}
+
+
+OBJECTIVE = Splade

@@ -1,0 +1,193 @@
+"""Write a bidirectional causal LM with its head as a SPLADE encoder that plain ``SparseEncoder(DIR)`` loads.
+
+No custom code and no ``trust_remote_code``: sentence-transformers' own modules, in one of two layouts::
+
+    most families     Transformer(transformer_task="text-generation")  the *ForCausalLM, all token logits
+                      -> SpladePooling("max", "relu")                  (``logits_to_keep: 0``)
+    absolute-position Transformer (the backbone) -> Dense(H -> V, the LM head, no activation)
+    families (GPT-2)  -> SpladePooling("max", "relu")
+
+sentence-transformers pads a text-generation module on the left and passes no position ids, which the
+rotary families do not mind (the probe and the padding check prove it) but learned absolute positions
+do; the backbone path pads on the right, where positions start at 0. Both store the whole causal LM at
+the root (``config.json`` with ``"is_causal": false``), so ``adapt export DIR --kind sparse`` can
+re-export it, and ``config_sentence_transformers.json`` says dot-product similarity and, with ``top_k``,
+``max_active_dims``. As for a dense export (:mod:`adapt.export`), the folder is assembled in a scratch
+folder, reloaded as a user loads it, probed for bidirectionality on the SparseEncoder's own model, checked
+to give the same vector to a text whether or not it is padded, and only then moved into ``OUT``.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from adapt.arch import facts_for, preferred_attention
+from adapt.bidirectional import assert_bidirectional, is_bidirectional
+from adapt.config import ModelConfig
+from adapt.errors import ConfigError, ModelLoadError, NotBidirectionalError
+from adapt.export import MANIFEST, move_into, pin_attention, prepare_tokenizer, render_card
+from adapt.io_utils import read_json
+from adapt.loading import load_decoder, parse_dtype
+
+SPARSE = "sparse"
+POOLING = "splade-max"  # max over tokens of log1p(relu(logits)), as adapt.splade.splade_pool
+_LOGITS = {"text": {"method": "forward", "method_output_name": "logits"}}
+_HIDDEN = {"text": {"method": "forward", "method_output_name": "last_hidden_state"}}
+_PADDING_TEXTS = ("A short text.", "A much longer text, with many more words in it, so that the short one is padded "
+                  "when the two are encoded together in one batch.")
+
+
+def is_sparse_folder(folder) -> bool:
+    """Whether ``folder`` is a sentence-transformers SparseEncoder (``SparseEncoder(folder)`` loads it)."""
+    folder = Path(folder)
+    if read_json(folder / "config_sentence_transformers.json").get("model_type") == "SparseEncoder":
+        return True
+    try:
+        modules = json.loads((folder / "modules.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return False
+    return any(str(m.get("type", "")).endswith(("SpladePooling", "SparseAutoEncoder")) for m in modules)
+
+
+def _causal_lm(model):
+    """The transformers causal LM inside a DDP or peft wrapper, LoRA merged in; refused without an LM head."""
+    model = getattr(model, "module", model)
+    if hasattr(model, "peft_config") and hasattr(model, "merge_and_unload"):
+        model = model.merge_and_unload()
+    if getattr(model, "get_output_embeddings", lambda: None)() is None:
+        raise ModelLoadError(f"a sparse encoder is made of an LM head, and this {type(model).__name__} has none: load "
+                             "the model as a causal LM (adapt.loading.load_decoder)")
+    return model
+
+
+def export_sparse(model, tokenizer, out_dir, *, top_k: int | None = None, max_seq_length: int = 512,
+                  prompts: dict[str, str] | None = None, dtype=None, card: dict | None = None,
+                  source: str | None = None) -> Path:
+    """Write ``model`` (a bidirectional causal LM with its head, in memory) to ``out_dir`` as a SPLADE SparseEncoder.
+
+    ``top_k``: keep each vector's k largest weights (``max_active_dims``). ``dtype``: bf16/fp16/fp32 for the
+    saved weights (None keeps the model's). Raises :class:`NotBidirectionalError` (``out_dir`` unchanged) if
+    the reloaded folder is causal, :class:`ModelLoadError` if its vectors depend on padding.
+    """
+    if top_k is not None and (isinstance(top_k, bool) or int(top_k) <= 0):
+        raise ConfigError(f"top_k must be a positive number of terms, not {top_k!r}")
+    lm = _causal_lm(model)
+    config = lm.config
+    if not is_bidirectional(lm):
+        raise NotBidirectionalError(f"refusing to export: the '{config.model_type}' model is causal "
+                                    "(config.is_causal is not False); make it bidirectional first")
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"{out_dir} exists and is not a folder")
+    max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if max_positions and max_seq_length and max_seq_length > max_positions:
+        max_seq_length = int(max_positions)
+    attn, model_dtype = preferred_attention(config), parse_dtype(dtype) or next(lm.parameters()).dtype
+    layout = "backbone+dense" if facts_for(config).absolute_positions else "causal-lm"
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.export.", dir=out_dir.parent))
+    try:
+        stage, built = scratch / "stage", scratch / "built"
+        tok = prepare_tokenizer(tokenizer, stage, max_seq_length)
+        saved = config.pad_token_id
+        try:
+            if config.pad_token_id is None:
+                config.pad_token_id = tok.pad_token_id
+            lm.save_pretrained(stage)
+        finally:
+            config.pad_token_id = saved
+        head = lm.get_output_embeddings() if layout == "backbone+dense" else None
+        _build(stage, built, head=head, attn=attn, dtype=model_dtype, top_k=top_k, prompts=prompts,
+               vocab=lm.get_output_embeddings().weight.shape[0])
+        report = probe_sparse_folder(built, where=f"sparse export to {out_dir}")
+        manifest = {"adapt_export": 1, "kind": SPARSE, "layout": layout, "source": source, "pooling": POOLING,
+                    "normalize": False, "top_k": top_k, "dtype": str(model_dtype).removeprefix("torch."),
+                    "max_seq_length": max_seq_length, "attn_implementation": attn, "prompts": prompts or {},
+                    "card": card or {}, "probe": report.to_dict()}
+        (built / "README.md").write_text(render_card(out_dir.name, manifest), encoding="utf-8")
+        manifest["files"] = sorted(p.name for p in built.iterdir()) + [MANIFEST]
+        (built / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str) + "\n", encoding="utf-8")
+        move_into(built, out_dir)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return out_dir
+
+
+def _build(stage: Path, built: Path, *, head, attn: str, dtype, top_k, prompts, vocab: int) -> None:
+    """Assemble the SparseEncoder's modules from the staged causal LM and save them to ``built``."""
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.base.modules import Dense, Transformer
+    from sentence_transformers.sparse_encoder.modules import SpladePooling
+
+    kwargs = {"attn_implementation": attn, "dtype": dtype}
+    if head is None:  # the causal LM itself, every position's logits
+        modules = [Transformer(str(stage), transformer_task="text-generation", model_kwargs=kwargs,
+                               modality_config=_LOGITS, module_output_name="token_embeddings",
+                               processing_kwargs={"text": {"logits_to_keep": 0}})]
+    else:  # the backbone, right-padded, then the LM head as a Dense layer over every token
+        transformer = Transformer(str(stage), model_kwargs=kwargs, modality_config=_HIDDEN,
+                                  module_output_name="token_embeddings")
+        dense = Dense(head.weight.shape[1], vocab, bias=head.bias is not None, activation_function=None,
+                      init_weight=head.weight.detach().clone(),
+                      init_bias=None if head.bias is None else head.bias.detach().clone(),
+                      module_input_name="token_embeddings")
+        modules = [transformer, dense.to(dtype)]
+    modules.append(SpladePooling(pooling_strategy="max", activation_function="relu", embedding_dimension=vocab))
+    encoder = SparseEncoder(modules=modules, prompts=dict(prompts or {}), similarity_fn_name="dot",
+                            max_active_dims=top_k, device="cpu")
+    encoder.save(str(built), create_model_card=False)
+    pin_attention(built, attn)
+    if attn != "sdpa":  # as adapt.export: sentence-transformers passes model_kwargs to from_pretrained on load
+        path = built / Transformer.config_file_name
+        st_config = json.loads(path.read_text(encoding="utf-8"))
+        st_config["model_kwargs"] = {"attn_implementation": attn}
+        path.write_text(json.dumps(st_config, indent=4) + "\n", encoding="utf-8")
+
+
+def probe_sparse_folder(folder, *, where: str = ""):
+    """Load ``folder`` with plain ``SparseEncoder`` (fp32), probe its model for bidirectionality, and check that a
+    text gets the same vector alone and padded in a batch. Returns the probe's report."""
+    from sentence_transformers import SparseEncoder
+
+    try:
+        encoder = SparseEncoder(str(folder), device="cpu", model_kwargs={"dtype": torch.float32})
+    except Exception as err:  # noqa: BLE001 - any load failure means the export is unusable
+        raise ModelLoadError(f"{where or folder}: sentence-transformers cannot load the sparse export: {err}") from err
+    report = assert_bidirectional(encoder[0].model, where=where)
+    flags = dict(convert_to_tensor=True, convert_to_sparse_tensor=False, show_progress_bar=False)
+    together = encoder.encode(list(_PADDING_TEXTS), **flags)
+    alone = torch.stack([encoder.encode([t], **flags)[0] for t in _PADDING_TEXTS])
+    change = float((together - alone).abs().max() / alone.abs().max().clamp(min=1e-6))
+    if change > 1e-3:
+        raise ModelLoadError(f"{where or folder}: the '{report.family}' sparse encoder gives a text another vector when "
+                             f"it is padded in a batch (relative change {change:.2g}); sentence-transformers cannot "
+                             "run this family's head as exported. Add its facts to adapt/arch.py (absolute_positions "
+                             "if it has learned positions)")
+    return report
+
+
+def reexport_sparse(source, out_dir, *, top_k=None, max_seq_length=None, prompts=None, dtype=None, card=None,
+                    origin: str | None = None) -> Path:
+    """Export the causal LM in folder ``source`` (a converted run, a sparse export, a staged run's OUT) as a sparse
+    encoder, with its trained head (:func:`adapt.heads.find_lm_head`). Settings left None come from the source's
+    previous export (``adapt_export.json``; a dense export's pooling and normalization do not apply); ``card``
+    adds to its model card, ``origin`` replaces the decoder it names as converted from."""
+    source = Path(source)
+    previous = read_json(source / MANIFEST)
+    was_sparse = previous.get("kind") == SPARSE
+    model, tokenizer = load_decoder(ModelConfig(source=str(source), dtype=previous.get("dtype") or "auto"),
+                                    bidirectional=False, require_head=True)
+    if not is_bidirectional(model):
+        raise NotBidirectionalError(f"{source} is a causal '{model.config.model_type}' model (config.is_causal is not "
+                                    "False): convert it with `adapt convert` before exporting it")
+    return export_sparse(model, tokenizer, out_dir,
+                         top_k=top_k if top_k is not None else (previous.get("top_k") if was_sparse else None),
+                         max_seq_length=max_seq_length or previous.get("max_seq_length") or 512,
+                         prompts=previous.get("prompts") if prompts is None else prompts,
+                         dtype=dtype if dtype is not None else previous.get("dtype"),
+                         card={**previous.get("card", {}), **(card or {})},
+                         source=origin or previous.get("source") or str(source))
