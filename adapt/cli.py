@@ -199,7 +199,8 @@ def export(source, out, pooling, normalize, max_seq_length, dtype, prompts, back
 @click.argument("texts", nargs=-1)
 @click.option("-i", "--input", "input_path", type=click.Path(dir_okay=False), help="Texts: .txt (a line each), .jsonl, .csv, .parquet; - for stdin.")
 @click.option("-o", "--output", "output_path", type=click.Path(), help="Vectors: .npy, .parquet or .jsonl (default: jsonl "
-              "on stdout), or a folder (DIR/) of resumable shards + manifest.")
+              "on stdout), or a folder (DIR/) of resumable shards + manifest. A sparse encoder writes {id, indices, "
+              "values, tokens} rows to .jsonl or .parquet.")
 @click.option("--field", default="text", show_default=True, help="Field/column of the text in jsonl, csv and parquet.")
 @click.option("--prompt", "prompt_name", help="Prompt name stored in the encoder (e.g. query).")
 @click.option("--batch-size", type=int, default=32, show_default=True)

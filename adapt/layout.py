@@ -10,7 +10,7 @@ its root, written by :mod:`adapt.export`) and the record of the run that made it
     OUT/run/adapter/           the LoRA adapter;  OUT/run/data/  the packed token store
     OUT/run/lm_head.safetensors  the trained model's LM head when it is not tied to the input embeddings
                                (the encoder at OUT keeps only the backbone; a later stage or a sparse
-                               export of OUT needs the head: :func:`adapt.loading.find_lm_head`)
+                               export of OUT needs the head: :mod:`adapt.heads`)
     OUT/run/data.json          what a contrastive run trained on (checked on --resume)
     OUT/run/stages/K-KIND.yaml a staged run's per-stage configs;  OUT/stages/K-KIND/  each stage's OUT
 

@@ -255,6 +255,7 @@ def load_decoder(cfg: ModelConfig, tuning: TuningConfig | None = None, *, bidire
     head its run trained back (:func:`restore_lm_head`); ``require_head``: an error when there is none.
     """
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
     source = resolve_source(cfg.source, cfg.gguf_file)
     config = load_config(cfg, source)
@@ -277,8 +278,6 @@ def load_decoder(cfg: ModelConfig, tuning: TuningConfig | None = None, *, bidire
     if device_map is not None:
         kwargs["device_map"] = device_map
     lean_cpu_malloc(tuning, device_map)
-    from transformers.utils import logging as hf_logging
-
     verbosity = hf_logging.get_verbosity()
     if source.is_local and has_saved_lm_head(source.path):
         hf_logging.set_verbosity_error()  # "lm_head newly initialized" is not so: its run's head is put back below

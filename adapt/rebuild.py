@@ -181,6 +181,8 @@ def export_from_path(source, out_dir, *, pooling: str | None = None, normalize: 
     if kind == SPARSE or (kind is None and previous.get("kind") == SPARSE):
         return reexport_sparse(model_dir, out_dir, top_k=top_k, max_seq_length=max_seq_length, prompts=prompts,
                                dtype=dtype, card=card)
+    if previous.get("kind") == SPARSE:  # a dense encoder of a sparse one: its SPLADE pooling does not apply
+        previous = {k: v for k, v in previous.items() if k not in ("pooling", "normalize")}
     try:
         config = AutoConfig.from_pretrained(model_dir)
     except Exception as err:  # noqa: BLE001
