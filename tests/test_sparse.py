@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 from click.testing import CliRunner
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from adapt.bench import RetrievalTask, run_bench
 from adapt.bench.tasks import ClassificationTask
@@ -18,7 +18,7 @@ from adapt.config import ModelConfig, build_config
 from adapt.embedding import tokenize
 from adapt.errors import ConfigError, ModelLoadError, NotBidirectionalError
 from adapt.heads import find_lm_head, save_lm_head
-from adapt.layout import LM_HEAD
+from adapt.layout import LM_HEAD, find_checkpoint
 from adapt.loading import load_decoder
 from adapt.splade import SparseLM, flops, keep_top_k, ranking_loss, regularizer_scale, splade_pool
 from adapt.sparse_export import export_sparse, is_sparse_folder
@@ -208,6 +208,9 @@ def test_mlm_then_splade_on_pairs_and_export_from_the_cli(tmp_path, tokenizer):
     torch.testing.assert_close(vectors, keep_top_k(_dense(_sparse_encoder(out), TEXTS), 6))
     bad = runner.invoke(main, ["export", str(out), "-o", str(tmp_path / "x"), "--kind", "sparse", "--backend", "onnx"])
     assert bad.exit_code == 2 and "dense encoders only" in bad.output
+    dense = runner.invoke(main, ["export", str(out), "-o", str(tmp_path / "dense"), "--kind", "dense"])
+    assert dense.exit_code == 0, dense.output
+    assert json.loads((tmp_path / "dense/adapt_export.json").read_text())["pooling"] == "mean"
 
 
 def test_an_mlm_run_exports_sparse_with_its_trained_head(tiny_model_dir, documents, tmp_path):
@@ -224,6 +227,10 @@ def test_an_mlm_run_exports_sparse_with_its_trained_head(tiny_model_dir, documen
     result = runner.invoke(main, ["export", str(out), "-o", str(sparse), "--kind", "sparse"])
     assert result.exit_code == 0, result.output
     trained, _ = load_decoder(ModelConfig(source=str(out)), require_head=True)
+    source, _ = load_decoder(ModelConfig(source=str(tiny_model_dir)))
+    in_checkpoint = load_file(str(find_checkpoint(out) / "model.safetensors"))["model.lm_head.weight"]
+    torch.testing.assert_close(trained.lm_head.weight, in_checkpoint)  # the head MLM trained, not the source's
+    assert not torch.allclose(trained.lm_head.weight[:320], source.lm_head.weight)  # (+ the added mask token)
     with torch.no_grad():
         expected = SparseLM(trained)(**tokenize(trained_tok(sparse), TEXTS, 512))
     torch.testing.assert_close(_dense(_sparse_encoder(sparse), TEXTS), expected, rtol=1e-4, atol=1e-5)
