@@ -84,6 +84,18 @@ def test_flops_training_makes_vectors_sparser(tokenizer):
     assert after < 0.5 * before, (before, after)
 
 
+@pytest.mark.parametrize("family", sorted(TINY_CONFIGS))
+def test_a_splade_step_trains_the_head_of_every_family(family, tokenizer):
+    model = make_bidirectional(tiny_decoder(family, vocab_size=len(tokenizer)))
+    weights = SparseLM(model.train())(**tokenize(tokenizer, [p.query for p in toy_pairs(4)] +
+                                                 [p.positive for p in toy_pairs(4)], 32))
+    assert weights.shape == (8, model.get_output_embeddings().weight.shape[0]) and (weights >= 0).all()
+    loss, _ = ranking_loss(weights[:4], weights[4:], torch.arange(4))
+    (loss + 1e-3 * flops(weights)).backward()
+    grad = model.get_output_embeddings().weight.grad
+    assert grad is not None and grad.abs().sum() > 0
+
+
 # ---- the export: plain SparseEncoder, every family ---------------------------------------------------
 
 @pytest.mark.parametrize("family", sorted(TINY_CONFIGS))
