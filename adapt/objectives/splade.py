@@ -47,8 +47,10 @@ class Splade(Crops):
     def __init__(self, cfg: RunConfig):
         super().__init__(cfg)
         self.s = cfg.splade
-        # the data settings are the contrastive section's; where the pairs come from decides the loss name
-        self.c = dataclasses.replace(cfg.contrastive, loss="pairs" if cfg.contrastive.pairs else "crops")
+        # the data settings are the contrastive section's; where the pairs come from decides the loss name, and
+        # Matryoshka sizes (prefixes of a dense vector) do not apply to vocabulary weights
+        self.c = dataclasses.replace(cfg.contrastive, loss="pairs" if cfg.contrastive.pairs else "crops",
+                                     matryoshka_dims=[], matryoshka_weights=[])
         self.dropout = self.c.dropout  # as the model has, unless asked: no SimCSE views here
         self.example_name = "pairs" if self.c.loss == "pairs" else "documents"
         self.warmup_steps = round(self.s.lambda_warmup * cfg.train.max_steps)
