@@ -6,8 +6,8 @@ One row per text, in input order, its terms by descending weight::
     {"id": 0, "indices": [1012, 77, ...], "values": [2.31, 1.87, ...], "tokens": [" fox", " dog", ...]}
 
 ``.jsonl`` (or stdout) and ``.parquet`` (``id`` int64, ``indices`` list<int32>, ``values`` list<float32>,
-``tokens`` list<string>, one row group per chunk); ``tokens`` are each id decoded alone (null for ids past
-the tokenizer's vocabulary). ``.npy`` is refused: a dense (texts x vocabulary) array is what sparse vectors
+``tokens`` list<string>, one row group per chunk); ``tokens`` are each id decoded alone (the token as stored
+when that is part of a character; null for ids past the tokenizer's vocabulary). ``.npy`` is refused: a dense (texts x vocabulary) array is what sparse vectors
 avoid. Files are written under a temporary name and renamed at the end.
 
 An empty text is encoded as the tokenizer's EOS token (else BOS, else pad) and counted: sentence-transformers
@@ -62,12 +62,16 @@ class SparseModel:
         return csr_matrix((vectors.values().numpy(), (rows, cols)), shape=tuple(vectors.shape), dtype=np.float32)
 
     def tokens(self, ids) -> list[str | None]:
-        """Each vocabulary id decoded alone, for a person to read (None past the tokenizer's vocabulary)."""
+        """Each vocabulary id decoded alone, for a person to read (the stored token when that is part of a character;
+        None past the tokenizer's vocabulary)."""
         tok, out = self.encoder.tokenizer, []
         for i in ids:
             i = int(i)
             if i not in self._tokens:
-                self._tokens[i] = tok.decode([i]) if i < len(tok) else None
+                text = tok.decode([i]) if i < len(tok) else None
+                if text is not None and "\ufffd" in text:  # part of a character (byte-level BPE): its token as stored
+                    text = tok.convert_ids_to_tokens(i)
+                self._tokens[i] = text
             out.append(self._tokens[i])
         return out
 
@@ -79,10 +83,17 @@ def load_sparse(source, *, dtype="auto", device: str | None = None, max_length: 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch_dtype = parse_dtype(dtype) or (torch.float32 if device == "cpu" else
                                          torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # no per-tensor loading bars in `adapt embed` output (as adapt.encoder)
     try:
         encoder = SparseEncoder(str(source), device=device, model_kwargs={"dtype": torch_dtype})
     except Exception as err:  # noqa: BLE001 - every failure here is "not a sparse encoder we can load"
         raise ModelLoadError(f"cannot load a sparse encoder from {source}: {type(err).__name__}: {err}") from err
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     if max_length:
         encoder.max_seq_length = int(max_length)
     manifest = Path(source) / "adapt_export.json"
