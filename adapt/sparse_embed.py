@@ -80,6 +80,9 @@ def load_sparse(source, *, dtype="auto", device: str | None = None, max_length: 
     """Load the SparseEncoder folder ``source`` (fp32 on the CPU and bf16/fp16 on a GPU for ``dtype="auto"``)."""
     from sentence_transformers import SparseEncoder
 
+    from adapt.sparse_export import require_sparse_support
+
+    require_sparse_support(f"sparse encoders such as {source}")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch_dtype = parse_dtype(dtype) or (torch.float32 if device == "cpu" else
                                          torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)

@@ -41,6 +41,30 @@ _PADDING_TEXTS = ("A short text.", "A much longer text, with many more words in 
                   "when the two are encoded together in one batch.")
 
 
+SPARSE_ST = "6.2.0"  # the first sentence-transformers that runs this module's exports as written
+
+
+def sparse_supported() -> bool:
+    """Whether the installed sentence-transformers runs adapt's sparse encoders: from 6.2 a text-generation
+    module honours ``logits_to_keep: 0`` (every token's logits; before, the last token's only) and a
+    SparseEncoder saves ``max_active_dims`` (before, top-k pruning is lost on reload)."""
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    return Version(version("sentence-transformers")) >= Version(SPARSE_ST)
+
+
+def require_sparse_support(what: str = "SPLADE sparse encoders") -> None:
+    """Raise :class:`ConfigError` with the fix unless :func:`sparse_supported`."""
+    if not sparse_supported():
+        from importlib.metadata import version
+
+        raise ConfigError(f"{what} need sentence-transformers >= {SPARSE_ST} (installed: "
+                          f"{version('sentence-transformers')}; older versions give a causal LM's last-token logits "
+                          f"only and drop top-k pruning on reload): pip install -U 'sentence-transformers>={SPARSE_ST}'")
+
+
 def is_sparse_folder(folder) -> bool:
     """Whether ``folder`` is a sentence-transformers SparseEncoder (``SparseEncoder(folder)`` loads it)."""
     folder = Path(folder)
@@ -75,6 +99,7 @@ def export_sparse(model, tokenizer, out_dir, *, top_k: int | None = None, max_se
     """
     if top_k is not None and (isinstance(top_k, bool) or int(top_k) <= 0):
         raise ConfigError(f"top_k must be a positive number of terms, not {top_k!r}")
+    require_sparse_support("sparse exports")
     lm = _causal_lm(model)
     config = lm.config
     if not is_bidirectional(lm):

@@ -44,7 +44,7 @@ from adapt.loading import load_config, parse_dtype
 from adapt.objectives import build_objective, forced_settings, kinds, registry
 from adapt.objectives.infonce import matryoshka_sizes
 from adapt.runner import probe_saved, run_stage
-from adapt.sparse_export import SPARSE, reexport_sparse
+from adapt.sparse_export import SPARSE, reexport_sparse, require_sparse_support
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +132,8 @@ def plan_stages(source, out, *, stages=None, pairs=None, preset=None, overrides=
                           ") or a preset with a `stages` list")
     if pairs and not set(PAIR_KINDS) & set(kinds_):
         raise ConfigError("--pairs is used by a `contrastive` stage (or a `splade` stage): add one, e.g. --stages mlm,contrastive")
+    if "splade" in kinds_:  # before any training: its export would not load right
+        require_sparse_support("a `splade` stage's sparse encoders")
     unused = list(preset_stages)
     common, per_stage = _split_overrides(list(overrides), kinds_)
     description = raw.pop("description", "") or ""

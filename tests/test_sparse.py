@@ -21,12 +21,15 @@ from adapt.heads import find_lm_head, save_lm_head
 from adapt.layout import LM_HEAD, find_checkpoint
 from adapt.loading import load_decoder
 from adapt.splade import SparseLM, flops, keep_top_k, ranking_loss, regularizer_scale, splade_pool
-from adapt.sparse_export import export_sparse, is_sparse_folder
+from adapt.sparse_export import export_sparse, is_sparse_folder, sparse_supported
 from adapt.stages import plan_stages, run_stages
 from tests.test_contrastive import TOPICS, toy_pairs, toy_sentences
 from tests.tiny import CORPUS, TINY_CONFIGS, tiny_decoder
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "An encoder reads the whole sentence at once.", "fox"]
+
+needs_st = pytest.mark.skipif(not sparse_supported(), reason="sparse encoders need sentence-transformers >= 6.2 "
+                              "(tests/test_sparse_gate.py checks the refusal)")
 
 
 def _sparse_encoder(path):
@@ -98,6 +101,7 @@ def test_a_splade_step_trains_the_head_of_every_family(family, tokenizer):
 
 # ---- the export: plain SparseEncoder, every family ---------------------------------------------------
 
+@needs_st
 @pytest.mark.parametrize("family", sorted(TINY_CONFIGS))
 def test_sparse_export_of_every_family_loads_in_plain_sparse_encoder(family, tokenizer, tmp_path):
     model = make_bidirectional(tiny_decoder(family, vocab_size=len(tokenizer)))
@@ -117,6 +121,7 @@ def test_sparse_export_of_every_family_loads_in_plain_sparse_encoder(family, tok
     assert "SparseEncoder" in (out / "README.md").read_text()
 
 
+@needs_st
 def test_top_k_keeps_the_largest_terms_and_a_causal_model_is_refused(tokenizer, tmp_path):
     model = make_bidirectional(tiny_decoder("llama", vocab_size=len(tokenizer)))
     full = _dense(_sparse_encoder(export_sparse(model, tokenizer, tmp_path / "all")), TEXTS)
@@ -173,6 +178,7 @@ def documents(tmp_path):
 SPLADE_SET = ["splade.train.batch_size=4", "splade.train.eval_batches=2", "splade.contrastive.max_length=32"]
 
 
+@needs_st
 def test_mlm_then_splade_from_python_gives_a_sparse_encoder(tiny_model_dir, documents, tmp_path):
     out = tmp_path / "out"
     result = run_stages(str(tiny_model_dir), out, stages="mlm,splade", preset="tiny", data=[str(documents)],
@@ -192,6 +198,7 @@ def test_mlm_then_splade_from_python_gives_a_sparse_encoder(tiny_model_dir, docu
     assert config["stages"][1]["kind"] == "splade" and config["stages"][1]["splade"]["top_k"] == 40
 
 
+@needs_st
 def test_mlm_then_splade_on_pairs_and_export_from_the_cli(tmp_path, tokenizer):
     from adapt.cli import main
 
@@ -225,6 +232,7 @@ def test_mlm_then_splade_on_pairs_and_export_from_the_cli(tmp_path, tokenizer):
     assert json.loads((tmp_path / "dense/adapt_export.json").read_text())["pooling"] == "mean"
 
 
+@needs_st
 def test_an_mlm_run_exports_sparse_with_its_trained_head(tiny_model_dir, documents, tmp_path):
     from adapt.cli import main
 
@@ -275,6 +283,7 @@ def trained_tok(folder):
     return AutoTokenizer.from_pretrained(str(folder))
 
 
+@needs_st
 def test_splade_plans_need_text_or_pairs(tmp_path):
     plan = plan_stages("m", tmp_path / "o", stages="mlm,splade", data=["c.txt"], pairs="p.jsonl")
     assert plan[1].config.contrastive.pairs == "p.jsonl" and plan[1].config.kind == "splade"
@@ -290,6 +299,7 @@ def test_splade_plans_need_text_or_pairs(tmp_path):
 
 # ---- the bench ----------------------------------------------------------------------------------------
 
+@needs_st
 def test_bench_scores_a_sparse_encoder_on_retrieval_only(tokenizer, tmp_path):
     model = make_bidirectional(tiny_decoder("qwen3", vocab_size=len(tokenizer)))
     folder = export_sparse(model, tokenizer, tmp_path / "splade")
