@@ -71,6 +71,9 @@ RECIPES: dict[str, list[tuple[str, float, dict]]] = {
     # masked, then contrastive, half the budget each
     "mlm40+simcse": [("mlm", 0.5, MLM40), ("simcse", 0.5, {"contrastive": {"dropout": 0.1}})],
     "mlm40+crops": [("mlm", 0.5, MLM40), ("crops", 0.5, {"contrastive": {"dropout": 0.0}})],
+    # the same, SimCSE trained at 576, 288, 144 and 64 dimensions (Matryoshka; score with adapt bench --dims)
+    "mlm40+simcse-mrl": [("mlm", 0.5, MLM40), ("simcse", 0.5, {"contrastive": {
+        "dropout": 0.1, "matryoshka_dims": ["full", 288, 144, 64]}})],
     "mlm40+crops+simcse": [("mlm", 0.4, MLM40), ("crops", 0.3, {"contrastive": {"dropout": 0.0}}),
                            ("simcse", 0.3, {"contrastive": {"dropout": 0.1}})],
     # how the budget is split

@@ -101,3 +101,26 @@ def test_two_processes_score_what_one_scores(setup, free_port):
         card = (enc / "README.md").read_text()
         for task, kind, metric in (("ret", "retrieval", "ndcg@10"), ("sim-again", "similarity", "spearman")):
             assert f"| {task} | {kind} | {metric} | {expected[(enc.name, task)]:.3f}" in card
+
+
+def test_mteb_tasks_over_two_processes_score_what_one_scores(setup, free_port):
+    """mteb's own evaluation under torchrun: every process encodes its share and runs mteb's scoring on the
+    gathered vectors; process 0's scores are reported, and they equal one process's."""
+    pytest.importorskip("mteb")
+    root, encoders, _ = setup
+    tasks = ["MockRetrievalTask", "MockSTSTask", "MockClassificationTask"]
+    two = root / "mteb-two"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", free_port, "-m", "adapt", "bench", str(encoders[0]),
+           *[arg for t in tasks for arg in ("--task", t)], "-o", str(two), "--batch-size", "4", "--quiet", "--no-card"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": str(ROOT)}
+    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("| task | metric |") == 1
+    one = run_bench([str(encoders[0])], tasks=tasks, out_dir=root / "mteb-one", batch_size=4, show_progress=False,
+                    update_cards=False)
+    expected, got = _mains(one.rows), _mains(read_results(two / "results.json"))
+    assert set(got) == set(expected) and len(got) == len(tasks)
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, abs=1e-6), key
