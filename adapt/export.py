@@ -76,6 +76,22 @@ def _backbone(model):
     return getattr(model, "base_model", model)
 
 
+def export_target(model, out_dir, max_seq_length: int | None) -> tuple[Path, int | None]:
+    """Checks every export makes first: ``model`` is bidirectional (else :class:`NotBidirectionalError`) and
+    ``out_dir`` is not a file; returns it as a Path and ``max_seq_length`` cut to the model's positions."""
+    config = model.config
+    if not is_bidirectional(model):
+        raise NotBidirectionalError(f"refusing to export: the '{config.model_type}' model is causal "
+                                    "(config.is_causal is not False); make it bidirectional first")
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"{out_dir} exists and is not a folder")
+    max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if max_positions and max_seq_length and max_seq_length > max_positions:
+        max_seq_length = int(max_positions)
+    return out_dir, max_seq_length
+
+
 def export_encoder(model, tokenizer, out_dir, *, pooling: str = "mean", normalize: bool = False,
                    max_seq_length: int = 512, prompts: dict[str, str] | None = None, dtype=None,
                    card: dict | None = None, source: str | None = None,
@@ -93,15 +109,7 @@ def export_encoder(model, tokenizer, out_dir, *, pooling: str = "mean", normaliz
     torch_dtype = parse_dtype(dtype)
     backbone = _backbone(model)
     config = backbone.config
-    if not is_bidirectional(backbone):
-        raise NotBidirectionalError(f"refusing to export: the '{config.model_type}' model is causal "
-                                    "(config.is_causal is not False); make it bidirectional first")
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ConfigError(f"{out_dir} exists and is not a folder")
-    max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-    if max_positions and max_seq_length and max_seq_length > max_positions:
-        max_seq_length = int(max_positions)
+    out_dir, max_seq_length = export_target(backbone, out_dir, max_seq_length)
     attn = preferred_attention(config)
     dims = check_truncate_dims(matryoshka_dims, int(config.get_text_config().hidden_size), config.model_type)
     out_dir.parent.mkdir(parents=True, exist_ok=True)

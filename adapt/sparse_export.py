@@ -29,7 +29,7 @@ from adapt.arch import facts_for, preferred_attention
 from adapt.bidirectional import assert_bidirectional, is_bidirectional
 from adapt.config import ModelConfig
 from adapt.errors import ConfigError, ModelLoadError, NotBidirectionalError
-from adapt.export import MANIFEST, move_into, pin_attention, prepare_tokenizer, render_card
+from adapt.export import MANIFEST, export_target, move_into, pin_attention, prepare_tokenizer, render_card
 from adapt.io_utils import read_json
 from adapt.loading import load_decoder, parse_dtype
 
@@ -102,15 +102,7 @@ def export_sparse(model, tokenizer, out_dir, *, top_k: int | None = None, max_se
     require_sparse_support("sparse exports")
     lm = _causal_lm(model)
     config = lm.config
-    if not is_bidirectional(lm):
-        raise NotBidirectionalError(f"refusing to export: the '{config.model_type}' model is causal "
-                                    "(config.is_causal is not False); make it bidirectional first")
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ConfigError(f"{out_dir} exists and is not a folder")
-    max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-    if max_positions and max_seq_length and max_seq_length > max_positions:
-        max_seq_length = int(max_positions)
+    out_dir, max_seq_length = export_target(lm, out_dir, max_seq_length)
     attn, model_dtype = preferred_attention(config), parse_dtype(dtype) or next(lm.parameters()).dtype
     layout = "backbone+dense" if facts_for(config).absolute_positions else "causal-lm"
     out_dir.parent.mkdir(parents=True, exist_ok=True)
