@@ -132,13 +132,19 @@ def export_encoder(model, tokenizer, out_dir, *, pooling: str = "mean", normaliz
                     "dtype": str(model_dtype).removeprefix("torch."), "max_seq_length": max_seq_length,
                     "attn_implementation": attn, "prompts": prompts or {}, "matryoshka_dims": dims, "card": card or {},
                     "probe": report.to_dict()}
-        (built / "README.md").write_text(render_card(out_dir.name, manifest), encoding="utf-8")
-        manifest["files"] = sorted(p.name for p in built.iterdir()) + [MANIFEST]
-        (built / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str) + "\n", encoding="utf-8")
-        move_into(built, out_dir)
+        publish(built, out_dir, manifest)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return out_dir
+
+
+def publish(built: Path, out_dir: Path, manifest: dict) -> None:
+    """Finish a checked export: its model card and manifest (listing every file) into ``built``, then ``built``
+    moved into ``out_dir`` whole (:func:`move_into`)."""
+    (built / "README.md").write_text(render_card(out_dir.name, manifest), encoding="utf-8")
+    manifest["files"] = sorted(p.name for p in built.iterdir()) + [MANIFEST]
+    (built / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str) + "\n", encoding="utf-8")
+    move_into(built, out_dir)
 
 
 def check_truncate_dims(dims, hidden_size: int, family: str = "") -> list[int]:

@@ -29,7 +29,7 @@ from adapt.arch import facts_for, preferred_attention
 from adapt.bidirectional import assert_bidirectional, is_bidirectional
 from adapt.config import ModelConfig
 from adapt.errors import ConfigError, ModelLoadError, NotBidirectionalError
-from adapt.export import MANIFEST, export_target, move_into, pin_attention, prepare_tokenizer, render_card
+from adapt.export import MANIFEST, export_target, pin_attention, prepare_tokenizer, publish
 from adapt.io_utils import read_json
 from adapt.loading import load_decoder, parse_dtype
 
@@ -125,10 +125,7 @@ def export_sparse(model, tokenizer, out_dir, *, top_k: int | None = None, max_se
                     "normalize": False, "top_k": top_k, "dtype": str(model_dtype).removeprefix("torch."),
                     "max_seq_length": max_seq_length, "attn_implementation": attn, "prompts": prompts or {},
                     "card": card or {}, "probe": report.to_dict()}
-        (built / "README.md").write_text(render_card(out_dir.name, manifest), encoding="utf-8")
-        manifest["files"] = sorted(p.name for p in built.iterdir()) + [MANIFEST]
-        (built / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str) + "\n", encoding="utf-8")
-        move_into(built, out_dir)
+        publish(built, out_dir, manifest)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return out_dir
