@@ -55,6 +55,8 @@ MLM40 = {"objective": {"mask_ratio": 0.4}}
 CLM_THEN_MLM = {"objective": {"schedule": [{"objective": "clm", "until": 0.5}, {"objective": "mlm"}],
                               "mask_ratio": 0.4}}
 MIX = {"objective": {"schedule": {"mlm": 0.5, "clm": 0.5}, "mask_ratio": 0.4}}
+LORA = {"tuning": {"method": "lora", "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.05},
+        "train": {"lr": 3.0e-4}}
 
 # name -> stages: (kind, fraction of the training budget, section overrides)
 RECIPES: dict[str, list[tuple[str, float, dict]]] = {
@@ -79,6 +81,12 @@ RECIPES: dict[str, list[tuple[str, float, dict]]] = {
     # how the budget is split
     "mlm40+crops-25-75": [("mlm", 0.25, MLM40), ("crops", 0.75, {"contrastive": {"dropout": 0.0}})],
     "mlm40+crops-75-25": [("mlm", 0.75, MLM40), ("crops", 0.25, {"contrastive": {"dropout": 0.0}})],
+    # LoRA (r16 on attention and MLP) at a learning rate fit for a few dozen steps: a LoRA step skips the
+    # weight gradients of the frozen base, so the budget buys more steps, and less of the source is overwritten
+    "crops-lora": [("crops", 1.0, {"contrastive": {"dropout": 0.0}, **LORA})],
+    "mlm40-lora+crops-lora": [("mlm", 0.3, {**MLM40, **LORA}), ("crops", 0.7, {"contrastive": {"dropout": 0.0},
+                                                                                 **LORA})],
+    "simcse-lora": [("simcse", 1.0, {"contrastive": {"dropout": 0.1}, **LORA})],
 }
 
 
