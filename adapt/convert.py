@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from adapt.bnb import hide_bitsandbytes, quantizes
-from adapt.config import DEFAULT_PRESET, RunConfig, build_config
+from adapt.config import DEFAULT_KIND, DEFAULT_PRESET, RunConfig, build_config, load_preset
 from adapt.errors import ConfigError
-from adapt.objectives import with_forced_settings
+from adapt.objectives import registry, with_forced_settings
 from adapt.runner import run_stage
 from adapt.stages import run_stages, uses_stages
 
@@ -36,6 +36,7 @@ def convert(source: str | None, out: str | Path, *, preset: str | None = None, o
     ``hide_bnb`` (the CLI's choice): once the configuration is resolved, keep bitsandbytes out of the
     process when no stage quantizes (:func:`adapt.bnb.hide_bitsandbytes`)."""
     preset = preset or DEFAULT_PRESET
+    stages = masked_first(preset, stages=stages, pairs=pairs, objective=objective)
     if uses_stages(stages=stages, pairs=pairs, preset=preset):
         if accelerator is not None:
             raise ConfigError("a chain of stages builds one Accelerator per stage: do not pass accelerator=")
@@ -51,3 +52,16 @@ def convert(source: str | None, out: str | Path, *, preset: str | None = None, o
     result = run_stage(cfg, out, resume=resume, overwrite=overwrite, show_progress=show_progress,
                        accelerator=accelerator)
     return ConvertResult(result.out, result.config, result.summary)
+
+
+def masked_first(preset: str, *, stages=None, pairs=None, objective: str | None = None):
+    """``--objective`` names a masked objective: with a one-kind preset whose kind trains no LM head (the
+    default's crops), it asks for a masked stage first, so the run becomes ``mlm,KIND`` (the masked stage
+    takes ``objective``). Anything else keeps ``stages`` as given."""
+    if not objective or stages or pairs:
+        return stages
+    raw = load_preset(preset)
+    kind = raw.get("kind") or DEFAULT_KIND
+    if raw.get("stages") or kind not in registry() or registry()[kind][0].uses_lm_head:
+        return stages
+    return f"mlm,{kind}"

@@ -79,25 +79,34 @@ def test_two_process_ddp_on_cpu(tiny_model_dir, tmp_path, free_port):
 
 
 def test_convert_with_no_preset_runs_the_default_recipe(tiny_model_dir, tmp_path):
-    """No --preset: the `default` preset's stages (masked, then contrastive) run, each from the one before."""
+    """No --preset: the `default` preset's recipe runs (crops with LoRA, the recipe study's best), with the
+    settings the preset names; --objective then asks for a masked stage first (mlm,crops)."""
     import yaml
 
     from adapt.config import load_preset
 
-    stages = [s if isinstance(s, str) else s["kind"] for s in load_preset("default")["stages"]]
-    corpus = tmp_path / "c.txt"
-    corpus.write_text("\n\n".join([CORPUS] * 6))
+    default = load_preset("default")
+    corpus = tmp_path / "c.txt"  # distinct documents: crops never pair a document with its own copy
+    corpus.write_text("\n\n".join(f"Document number {i} says: {CORPUS}" for i in range(8)))
+    small = ["--max-steps", "1", "--quiet", "--set", "data.seq_len=32", "--set", "train.batch_size=2",
+             "--set", "train.eval_batches=1", "--set", "contrastive.max_length=16"]
     out = tmp_path / "out"
-    args = ["convert", str(tiny_model_dir), "-o", str(out), "--data", str(corpus), "--max-steps", "1", "--quiet",
-            "--set", "data.seq_len=32", "--set", "train.batch_size=2", "--set", "train.eval_batches=1",
-            "--set", f"{stages[-1]}.train.batch_size=4", "--set", f"{stages[-1]}.contrastive.max_length=16"]
-    result = CliRunner().invoke(main, args)
+    result = CliRunner().invoke(main, ["convert", str(tiny_model_dir), "-o", str(out), "--data", str(corpus), *small])
     assert result.exit_code == 0, result.output
+    saved = yaml.safe_load((out / "run/config.yaml").read_text())
+    assert saved["kind"] == default["kind"] == "crops" and saved["contrastive"]["loss"] == "crops"
+    assert saved["tuning"]["method"] == default["tuning"]["method"] and saved["train"]["lr"] == default["train"]["lr"]
     summary = json.loads((out / "run/summary.json").read_text())
-    assert summary["stages"] == [f"{i}-{kind}" for i, kind in enumerate(stages, 1)] and len(stages) >= 2
-    assert summary["probe_after"]["bidirectional"]
-    first = yaml.safe_load((out / "stages" / summary["stages"][0] / "run/config.yaml").read_text())
-    assert first["objective"]["mask_ratio"] == load_preset("default")["objective"]["mask_ratio"]
+    assert summary["loss"] == "crops" and summary["probe_after"]["bidirectional"]
+
+    out2 = tmp_path / "out2"
+    result = CliRunner().invoke(main, ["convert", str(tiny_model_dir), "-o", str(out2), "--data", str(corpus),
+                                       "--objective", "mntp", *small])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out2 / "run/summary.json").read_text())
+    assert summary["stages"] == ["1-mlm", "2-crops"] and summary["probe_after"]["bidirectional"]
+    first = yaml.safe_load((out2 / "stages/1-mlm/run/config.yaml").read_text())
+    assert first["objective"]["schedule"] == "mntp"
 
 
 def test_convert_cli_runs_stages_with_pairs(tiny_model_dir, tmp_path):
