@@ -235,7 +235,7 @@ def report(args) -> None:
     runs = {}
     for model in models:
         out = Path(model.split("@")[0])
-        if out.name in runs:
+        if out.name in runs or not (out / "run" / "summary.json").exists():  # a baseline, not a study run
             continue
         summary = json.loads((out / "run" / "summary.json").read_text())
         runs[out.name] = {"stages": summary["stages"], "wall_seconds": summary.get("wall_seconds"),
