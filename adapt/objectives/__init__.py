@@ -144,9 +144,9 @@ def with_forced_settings(cfg):
     """``cfg`` (a RunConfig) with the settings its ``kind`` forces applied, as every stage of a chain gets them:
     a single-stage run of ``kind: crops`` trains crops (``contrastive.loss: crops``), ``kind: mntp`` MNTP."""
     forced = forced_settings(cfg.kind)
-    raw = cfg.to_dict()
-    if all((raw.get(section) or {}).get(k) == v for section, values in forced.items() for k, v in values.items()):
+    if not forced:
         return cfg
+    raw = cfg.to_dict()
     for section, values in forced.items():
         raw[section] = {**(raw.get(section) or {}), **values}
     raw["kind"] = cfg.kind
