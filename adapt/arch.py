@@ -128,3 +128,25 @@ def facts_for(config_or_model) -> FamilyFacts:
 def preferred_attention(config_or_model) -> str:
     """The attention implementation under which this family honours ``is_causal=False``."""
     return facts_for(config_or_model).attn_implementations[0]
+
+
+# What some causal LMs do to the head's output before returning logits (config attribute -> how): a
+# scalar is folded into the weights of a sparse export's Dense head; a non-linear cap cannot be.
+_LOGIT_DIVISORS = ("logits_scaling",)  # Granite, GraniteMoE: logits / logits_scaling
+_LOGIT_MULTIPLIERS = ("logit_scale",)  # Cohere: logits * logit_scale
+_LOGIT_CAPS = ("final_logit_softcapping",)  # Gemma 2, Gemma 3: cap * tanh(logits / cap)
+
+
+def head_logit_scale(config) -> float | None:
+    """The scalar this family's causal LM multiplies its LM head's output by (1.0 for most), or None when the
+    logits then go through a non-linear function (a soft cap) that no linear head can reproduce."""
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if any(getattr(config, key, None) for key in _LOGIT_CAPS):
+        return None
+    scale = 1.0
+    for key in _LOGIT_DIVISORS:
+        scale /= float(getattr(config, key, None) or 1.0)
+    for key in _LOGIT_MULTIPLIERS:
+        value = getattr(config, key, None)
+        scale *= float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 1.0
+    return scale

@@ -45,14 +45,15 @@ def save_lm_head(model, run_folder) -> Path | None:
 
 def _head_files(folder) -> list[Path]:
     """Where the head of the run in ``folder`` may be: its saved head, then its newest checkpoint's weights (a
-    staged run's OUT: its last stage's)."""
+    staged run's OUT: its last stage's), then the head a sparse export keeps beside its backbone
+    (:mod:`adapt.sparse_export`'s Dense layout)."""
     folder, out = Path(folder), []
     for root in (folder, last_stage_dir(folder)):
         if root is not None:
             ckpt = find_checkpoint(root)
             out += [p for p in (root / RUN / LM_HEAD, ckpt / "model.safetensors" if ckpt else None)
                     if p is not None and p.is_file()]
-    return out
+    return out + ([folder / LM_HEAD] if (folder / LM_HEAD).is_file() else [])
 
 
 def has_saved_lm_head(folder) -> bool:

@@ -42,6 +42,7 @@ class CheckpointModel:
     step: int
     checkpoint: Path
     matryoshka_dims: list[int]  # sizes the run trained for truncation ([] for none)
+    term_bias: torch.Tensor | None = None  # a splade stage's trained per-term bias (adapt.splade.SparseLM)
 
 
 def _strip_prefix(saved_keys, wanted_keys) -> str:
@@ -84,6 +85,8 @@ def load_checkpoint_model(checkpoint) -> CheckpointModel:
     with safe_open(str(weights), framework="pt") as f:
         saved_keys = list(f.keys())
         prefix = _strip_prefix(saved_keys, wanted)
+        bias_key = next((k for k in ("term_bias", "module.term_bias") if k in saved_keys), None)
+        term_bias = None if bias_key is None else f.get_tensor(bias_key).float()
         loaded, skipped = {}, 0
         for key in saved_keys:
             name = key[len(prefix):] if key.startswith(prefix) else None
@@ -108,7 +111,7 @@ def load_checkpoint_model(checkpoint) -> CheckpointModel:
         model = model.merge_and_unload()
     model.eval()
     return CheckpointModel(model=model, tokenizer=tokenizer, config=cfg, step=int(step), checkpoint=ckpt,
-                           matryoshka_dims=objective.matryoshka_dims())
+                           matryoshka_dims=objective.matryoshka_dims(), term_bias=term_bias)
 
 
 def _model_folder(source: Path) -> Path:
@@ -237,7 +240,8 @@ def _export_checkpoint(ckpt: Path, out_dir, *, pooling, normalize, max_seq_lengt
         facts["final_eval (end of the run)"] = summary["final_eval"]
     exp = cfg.export
     if kind == SPARSE or (kind is None and build_objective(cfg).export_kind == SPARSE):
-        return export_sparse(loaded.model, loaded.tokenizer, out_dir, top_k=top_k if top_k is not None else
+        return export_sparse(loaded.model, loaded.tokenizer, out_dir, term_bias=loaded.term_bias,
+                             top_k=top_k if top_k is not None else
                              cfg.splade.top_k, max_seq_length=max_seq_length or exp.max_seq_length,
                              prompts=(exp.prompts or None) if prompts is None else prompts,
                              dtype=dtype if dtype is not None else exp.dtype, card={**facts, **(card or {})},

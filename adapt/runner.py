@@ -138,7 +138,8 @@ def run_stage(cfg: RunConfig, out, *, resume: bool = False, overwrite: bool = Fa
         common = dict(max_seq_length=cfg.export.max_seq_length, prompts=prompts or None, dtype=cfg.export.dtype,
                       card={**summary, "recipe": cfg.to_dict()}, source=cfg.model.source)
         if objective.export_kind == SPARSE:
-            export_sparse(merged, tokenizer, out, top_k=cfg.splade.top_k, **common)
+            term_bias = getattr(acc.unwrap_model(trainer.module), "term_bias", None)
+            export_sparse(merged, tokenizer, out, top_k=cfg.splade.top_k, term_bias=term_bias, **common)
         else:
             export_encoder(merged, tokenizer, out, pooling=cfg.export.pooling, normalize=cfg.export.normalize,
                            matryoshka_dims=objective.matryoshka_dims(), **common)

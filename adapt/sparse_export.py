@@ -5,13 +5,18 @@ No custom code and no ``trust_remote_code``: sentence-transformers' own modules,
     most families     Transformer(transformer_task="text-generation")  the *ForCausalLM, all token logits
                       -> SpladePooling("max", "relu")                  (``logits_to_keep: 0``)
     absolute-position Transformer (the backbone) -> Dense(H -> V, the LM head, no activation)
-    families (GPT-2)  -> SpladePooling("max", "relu")
+    families (GPT-2), -> SpladePooling("max", "relu")
+    and a term bias
+
+A SPLADE stage's trained term bias (:class:`adapt.splade.SparseLM`) goes into the Dense layer's bias, with
+the head's own bias and the scalar some families multiply their logits by (:func:`adapt.arch.head_logit_scale`)
+folded in; a family that soft-caps its logits cannot carry one (refused).
 
 sentence-transformers pads a text-generation module on the left and passes no position ids, which the
 rotary families do not mind (the probe and the padding check prove it) but learned absolute positions
-do; the backbone path pads on the right, where positions start at 0. Both store the whole causal LM at
-the root (``config.json`` with ``"is_causal": false``), so ``adapt export DIR --kind sparse`` can
-re-export it, and ``config_sentence_transformers.json`` says dot-product similarity and, with ``top_k``,
+do; the backbone path pads on the right, where positions start at 0. Both store the causal LM at the
+root (``config.json`` with ``"is_causal": false``; the backbone layout, its untied head beside it in
+``lm_head.safetensors``), so ``adapt export DIR --kind sparse`` can re-export it, and ``config_sentence_transformers.json`` says dot-product similarity and, with ``top_k``,
 ``max_active_dims``. As for a dense export (:mod:`adapt.export`), the folder is assembled in a scratch
 folder, reloaded as a user loads it, probed for bidirectionality on the SparseEncoder's own model, checked
 to give the same vector to a text whether or not it is padded, and only then moved into ``OUT``.
@@ -25,11 +30,12 @@ from pathlib import Path
 
 import torch
 
-from adapt.arch import facts_for, preferred_attention
+from adapt.arch import facts_for, head_logit_scale, preferred_attention
 from adapt.bidirectional import assert_bidirectional, is_bidirectional
 from adapt.config import ModelConfig
 from adapt.errors import ConfigError, ModelLoadError, NotBidirectionalError
 from adapt.export import MANIFEST, export_target, pin_attention, prepare_tokenizer, publish
+from adapt.heads import save_lm_head
 from adapt.io_utils import read_json
 from adapt.loading import load_decoder, parse_dtype
 
@@ -90,21 +96,33 @@ def _causal_lm(model):
 
 def export_sparse(model, tokenizer, out_dir, *, top_k: int | None = None, max_seq_length: int = 512,
                   prompts: dict[str, str] | None = None, dtype=None, card: dict | None = None,
-                  source: str | None = None) -> Path:
+                  source: str | None = None, term_bias: torch.Tensor | None = None) -> Path:
     """Write ``model`` (a bidirectional causal LM with its head, in memory) to ``out_dir`` as a SPLADE SparseEncoder.
 
     ``top_k``: keep each vector's k largest weights (``max_active_dims``). ``dtype``: bf16/fp16/fp32 for the
-    saved weights (None keeps the model's). Raises :class:`NotBidirectionalError` (``out_dir`` unchanged) if
-    the reloaded folder is causal, :class:`ModelLoadError` if its vectors depend on padding.
+    saved weights (None keeps the model's). ``term_bias`` (V): added to the logits before relu, as a SPLADE
+    stage trains it. Raises :class:`NotBidirectionalError` (``out_dir`` unchanged) if the reloaded folder is
+    causal, :class:`ModelLoadError` if its vectors depend on padding.
     """
     if top_k is not None and (isinstance(top_k, bool) or int(top_k) <= 0):
         raise ConfigError(f"top_k must be a positive number of terms, not {top_k!r}")
     require_sparse_support("sparse exports")
     lm = _causal_lm(model)
     config = lm.config
+    vocab = lm.get_output_embeddings().weight.shape[0]
+    if term_bias is not None:
+        term_bias = term_bias.detach().float().cpu().flatten()
+        if term_bias.shape[0] != vocab:
+            raise ConfigError(f"term_bias has {term_bias.shape[0]} terms and the LM head {vocab}: it belongs to "
+                              "another model")
     out_dir, max_seq_length = export_target(lm, out_dir, max_seq_length)
     attn, model_dtype = preferred_attention(config), parse_dtype(dtype) or next(lm.parameters()).dtype
-    layout = "backbone+dense" if facts_for(config).absolute_positions else "causal-lm"
+    dense = term_bias is not None or facts_for(config).absolute_positions
+    layout = "backbone+dense" if dense else "causal-lm"
+    scale = head_logit_scale(config) if dense else 1.0
+    if scale is None:
+        raise ConfigError(f"this '{config.model_type}' model soft-caps its logits (final_logit_softcapping): its "
+                          "sparse encoder cannot carry a term bias; export it without one (splade.term_bias: false)")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.export.", dir=out_dir.parent))
     try:
@@ -117,11 +135,13 @@ def export_sparse(model, tokenizer, out_dir, *, top_k: int | None = None, max_se
             lm.save_pretrained(stage)
         finally:
             config.pad_token_id = saved
-        head = lm.get_output_embeddings() if layout == "backbone+dense" else None
-        _build(stage, built, head=head, attn=attn, dtype=model_dtype, top_k=top_k, prompts=prompts,
-               vocab=lm.get_output_embeddings().weight.shape[0])
+        head = _dense_head(lm.get_output_embeddings(), scale, term_bias) if dense else None
+        _build(stage, built, head=head, attn=attn, dtype=model_dtype, top_k=top_k, prompts=prompts, vocab=vocab)
+        if dense:  # the root holds the backbone only: an untied head goes beside it, for a re-export
+            save_lm_head(lm, built)
         report = probe_sparse_folder(built, where=f"sparse export to {out_dir}")
-        manifest = {"adapt_export": 1, "kind": SPARSE, "layout": layout, "source": source, "pooling": POOLING,
+        manifest = {"adapt_export": 1, "kind": SPARSE, "layout": layout, "term_bias": term_bias is not None,
+                    "source": source, "pooling": POOLING,
                     "normalize": False, "top_k": top_k, "dtype": str(model_dtype).removeprefix("torch."),
                     "max_seq_length": max_seq_length, "attn_implementation": attn, "prompts": prompts or {},
                     "card": card or {}, "probe": report.to_dict()}
@@ -129,6 +149,36 @@ def export_sparse(model, tokenizer, out_dir, *, top_k: int | None = None, max_se
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return out_dir
+
+
+def _dense_head(head, scale: float, term_bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight, bias) of the Dense layer that computes the causal LM's logits from its last hidden states, plus
+    ``term_bias``: the head's own, times the family's logit scale."""
+    weight = head.weight.detach().float() * scale
+    bias = None if head.bias is None else head.bias.detach().float() * scale
+    if term_bias is not None:
+        bias = term_bias.clone() if bias is None else bias + term_bias
+    return weight, bias
+
+
+def trained_term_bias(folder, lm) -> torch.Tensor | None:
+    """The term bias the sparse export in ``folder`` carries (its Dense bias less the head's own, which ``lm``,
+    the causal LM loaded from the folder, has), or None."""
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    if not read_json(folder / MANIFEST).get("term_bias"):
+        return None
+    modules = json.loads((folder / "modules.json").read_text(encoding="utf-8"))
+    dense = next((m["path"] for m in modules if str(m.get("type", "")).endswith("Dense")), None)
+    path = folder / str(dense) / "model.safetensors"
+    if dense is None or not path.is_file():
+        raise ModelLoadError(f"{folder}: its adapt_export.json says it has a term bias, but it has no Dense layer "
+                             "weights (model.safetensors) to read it from; export it again from the run")
+    with safe_open(str(path), framework="pt") as f:
+        bias = f.get_tensor("linear.bias").float()
+    head = lm.get_output_embeddings()
+    return bias if head.bias is None else bias - head.bias.detach().float() * (head_logit_scale(lm.config) or 1.0)
 
 
 def _build(stage: Path, built: Path, *, head, attn: str, dtype, top_k, prompts, vocab: int) -> None:
@@ -145,9 +195,9 @@ def _build(stage: Path, built: Path, *, head, attn: str, dtype, top_k, prompts, 
     else:  # the backbone, right-padded, then the LM head as a Dense layer over every token
         transformer = Transformer(str(stage), model_kwargs=kwargs, modality_config=_HIDDEN,
                                   module_output_name="token_embeddings")
-        dense = Dense(head.weight.shape[1], vocab, bias=head.bias is not None, activation_function=None,
-                      init_weight=head.weight.detach().clone(),
-                      init_bias=None if head.bias is None else head.bias.detach().clone(),
+        weight, bias = head
+        dense = Dense(weight.shape[1], vocab, bias=bias is not None, activation_function=None,
+                      init_weight=weight.clone(), init_bias=None if bias is None else bias.clone(),
                       module_input_name="token_embeddings")
         modules = [transformer, dense.to(dtype)]
     modules.append(SpladePooling(pooling_strategy="max", activation_function="relu", embedding_dimension=vocab))
@@ -198,7 +248,8 @@ def reexport_sparse(source, out_dir, *, top_k=None, max_seq_length=None, prompts
     if not is_bidirectional(model):
         raise NotBidirectionalError(f"{source} is a causal '{model.config.model_type}' model (config.is_causal is not "
                                     "False): convert it with `adapt convert` before exporting it")
-    return export_sparse(model, tokenizer, out_dir,
+    term_bias = trained_term_bias(source, model) if was_sparse else None
+    return export_sparse(model, tokenizer, out_dir, term_bias=term_bias,
                          top_k=top_k if top_k is not None else (previous.get("top_k") if was_sparse else None),
                          max_seq_length=max_seq_length or previous.get("max_seq_length") or 512,
                          prompts=previous.get("prompts") if prompts is None else prompts,

@@ -5,6 +5,12 @@ tokens (SPLADE v2's max pooling), exactly what sentence-transformers' ``SpladePo
 computes on the same logits. log1p and relu are monotone, so the max is taken over the raw logits first
 and only the (B, V) result goes to fp32 (no (B, T, V) fp32 copy). The FLOPS regularizer (Paria et al.,
 2020) is the squared mean weight of each term over the batch, summed: it pushes rarely useful terms to 0.
+
+A decoder's LM head has no bias and its logits are mostly positive, so ``log1p(relu)`` leaves nearly every
+term active in every text. A learned per-term bias ``b`` fixes that: ``w_j = log1p(relu(max_t logit_tj +
+b_j))`` (the bias commutes with the max, so it is added to the (B, V) result), started by
+:func:`calibrate_term_bias` at minus each term's mean pooled logit (an IDF-like start: a term counts where a
+text raises it above its usual level), shifted so that a text has about ``k`` active terms.
 """
 from __future__ import annotations
 
@@ -15,11 +21,28 @@ from adapt.arch import facts_for
 from adapt.bidirectional import position_ids_from_mask
 
 
-def splade_pool(logits: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """(B, T, V) logits under a (B, T) mask -> (B, V) fp32 term weights, max over real tokens of log1p(relu)."""
+def max_logits(logits: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T, V) logits under a (B, T) mask -> (B, V) fp32, each term's largest logit over the real tokens."""
     pad = ~attention_mask.bool().unsqueeze(-1)  # (B, T, 1)
-    top = logits.masked_fill(pad, float("-inf")).amax(dim=1)  # (B, V)
-    return top.float().relu().log1p()
+    return logits.masked_fill(pad, float("-inf")).amax(dim=1).float()
+
+
+def splade_pool(logits: torch.Tensor, attention_mask: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, T, V) logits under a (B, T) mask -> (B, V) fp32 term weights, max over real tokens of log1p(relu),
+    with ``bias`` (V) added to the logits first."""
+    top = max_logits(logits, attention_mask)
+    return (top if bias is None else top + bias.float()).relu().log1p()
+
+
+def calibrate_term_bias(pooled: torch.Tensor, active_terms: int) -> torch.Tensor:
+    """The term bias (V) that leaves texts whose :func:`max_logits` are ``pooled`` (N, V) with ``active_terms``
+    active terms on average: minus each term's mean over the texts, less the shift c that keeps the
+    ``N x active_terms`` largest of the centred logits above 0."""
+    pooled = pooled.float()
+    centred = pooled - pooled.mean(dim=0)
+    k = max(1, min(centred.numel() - 1, int(active_terms) * pooled.shape[0]))
+    shift = centred.flatten().topk(k + 1).values[-2:].mean()  # between the k-th and (k+1)-th largest
+    return -(pooled.mean(dim=0) + shift)
 
 
 def flops(weights: torch.Tensor) -> torch.Tensor:
@@ -60,15 +83,19 @@ def keep_top_k(weights: torch.Tensor, k: int | None) -> torch.Tensor:
 
 class SparseLM(torch.nn.Module):
     """``(input_ids, attention_mask) -> (B, V)`` SPLADE weights of a causal LM (or its peft wrapper), computed as
-    the exported sparse encoder computes them. Holds the model so Accelerate/DDP wrap one module."""
+    the exported sparse encoder computes them. Holds the model so Accelerate/DDP wrap one module, and the
+    trainable ``term_bias`` (V, fp32) when given one (``raw=True``: the pooled logits, no bias nor relu)."""
 
-    def __init__(self, model):
+    def __init__(self, model, term_bias: torch.Tensor | None = None):
         super().__init__()
         self.model = model
         config = model.get_base_model().config if hasattr(model, "get_base_model") else model.config
         self.absolute = facts_for(config).absolute_positions
+        self.term_bias = None if term_bias is None else torch.nn.Parameter(term_bias.detach().float().clone())
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, raw: bool = False) -> torch.Tensor:
         kwargs = {"position_ids": position_ids_from_mask(attention_mask)} if self.absolute else {}
         logits = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs).logits
-        return splade_pool(logits, attention_mask)
+        if raw:
+            return max_logits(logits, attention_mask)
+        return splade_pool(logits, attention_mask, self.term_bias)

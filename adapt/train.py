@@ -96,10 +96,11 @@ class Trainer:
         self.objective, self.tcfg, self.accelerator = objective, train, accelerator
         self.run_dir = Path(run_dir)
         self.show_progress = show_progress
-        optimizer = build_optimizer(model, train)
+        module = objective.module(model)
+        optimizer = build_optimizer(module, train)  # the model's parameters and the module's own (a SPLADE term bias)
         # Stepped by hand once per optimizer step (not prepared: Accelerate would step it per process).
         self.scheduler = build_scheduler(optimizer, train)
-        self.module, self.optimizer = accelerator.prepare(objective.module(model), optimizer)
+        self.module, self.optimizer = accelerator.prepare(module, optimizer)
         accelerator.register_for_checkpointing(self.scheduler)
         self.model = model
         self.step, self.tokens = 0, 0

@@ -1,6 +1,7 @@
 """Loading decoders: folders, bad inputs, pickle refusal, and the mask-token policy."""
 
 import os
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -173,4 +174,6 @@ def test_no_bitsandbytes_kernel_notice_on_a_plain_import():
     assert "gemm_4bit_forward" not in proc.stderr + proc.stdout
     bare = subprocess.run([sys.executable, "-c", "import logging; logging.basicConfig(); import bitsandbytes"],
                           capture_output=True, text=True, timeout=120)
-    assert "gemm_4bit_forward" in bare.stderr + bare.stdout  # the notice exists: the filter is what hides it
+    if "gemm_4bit_forward" not in bare.stderr + bare.stdout:  # bitsandbytes 0.50 dropped the notice
+        pytest.skip(f"bitsandbytes {metadata.version('bitsandbytes')} prints no CPU-kernel notice: the filter "
+                    "has nothing to hide here")

@@ -20,8 +20,10 @@ from adapt.errors import ConfigError, ModelLoadError, NotBidirectionalError
 from adapt.heads import find_lm_head, save_lm_head
 from adapt.layout import LM_HEAD, find_checkpoint
 from adapt.loading import load_decoder
-from adapt.splade import SparseLM, flops, keep_top_k, ranking_loss, regularizer_scale, splade_pool
-from adapt.sparse_export import export_sparse, is_sparse_folder, sparse_supported
+from adapt.rebuild import export_from_path, load_checkpoint_model
+from adapt.splade import (SparseLM, calibrate_term_bias, flops, keep_top_k, max_logits, ranking_loss, regularizer_scale,
+                          splade_pool)
+from adapt.sparse_export import export_sparse, is_sparse_folder, sparse_supported, trained_term_bias
 from adapt.stages import plan_stages, run_stages
 from tests.test_contrastive import TOPICS, toy_pairs, toy_sentences
 from tests.tiny import CORPUS, TINY_CONFIGS, tiny_decoder
@@ -69,6 +71,19 @@ def test_flops_warmup_ranking_loss_and_top_k_by_hand():
     masked, _ = ranking_loss(q, d, torch.tensor([0]), torch.tensor([[False, True]]))
     assert float(masked) == pytest.approx(0.0, abs=1e-6)
     assert keep_top_k(torch.tensor([[0.5, 3.0, 1.0, 2.0]]), 2).tolist() == [[0.0, 3.0, 0.0, 2.0]]
+
+
+def test_the_calibrated_term_bias_leaves_the_asked_active_terms_and_drops_terms_every_text_has():
+    torch.manual_seed(0)
+    pooled = torch.randn(10, 500) * 2 + 3  # mostly positive, as a decoder head's logits are
+    pooled[:, 0] = 50.0  # a term every text raises the same: no information
+    pooled[3, 7] = 40.0  # a term one text raises far above its usual level
+    assert int((splade_pool(pooled.unsqueeze(1), torch.ones(10, 1)) > 0).sum()) > 0.9 * pooled.numel()
+    bias = calibrate_term_bias(pooled, 20)
+    weights = splade_pool(pooled.unsqueeze(1), torch.ones(10, 1), bias)
+    assert int((weights > 0).sum()) == 20 * 10  # 20 active terms per text on average
+    assert (weights[:, 0] == 0).all() and weights[3, 7] == weights.max()
+    torch.testing.assert_close(max_logits(pooled.unsqueeze(1), torch.ones(10, 1)), pooled)
 
 
 def test_flops_training_makes_vectors_sparser(tokenizer):
@@ -119,6 +134,30 @@ def test_sparse_export_of_every_family_loads_in_plain_sparse_encoder(family, tok
         expected = SparseLM(model)(**tokenize(tokenizer, TEXTS, 512))
     torch.testing.assert_close(_dense(encoder, TEXTS), expected, rtol=1e-4, atol=1e-5)
     assert "SparseEncoder" in (out / "README.md").read_text()
+
+
+@needs_st
+@pytest.mark.parametrize("family", sorted(TINY_CONFIGS))
+def test_a_term_bias_goes_into_the_export_of_every_family_and_comes_back(family, tokenizer, tmp_path):
+    overrides = {"logits_scaling": 4.0} if family == "granite" else {}  # folded into the Dense head's weights
+    model = make_bidirectional(tiny_decoder(family, vocab_size=len(tokenizer), **overrides))
+    bias = torch.randn(model.get_output_embeddings().weight.shape[0], generator=torch.Generator().manual_seed(0)) - 0.5
+    if family == "gemma2":  # soft-capped logits: no linear head computes them
+        with pytest.raises(ConfigError, match="soft-caps its logits"):
+            export_sparse(model, tokenizer, tmp_path / "sparse", term_bias=bias)
+        return
+    out = export_sparse(model, tokenizer, tmp_path / "sparse", term_bias=bias)
+    manifest = json.loads((out / "adapt_export.json").read_text())
+    assert manifest["layout"] == "backbone+dense" and manifest["term_bias"] and manifest["probe"]["bidirectional"]
+    with torch.no_grad():
+        expected = SparseLM(model, bias)(**tokenize(tokenizer, TEXTS, 512))
+        without = SparseLM(model)(**tokenize(tokenizer, TEXTS, 512))
+    assert not torch.allclose(expected, without)
+    torch.testing.assert_close(_dense(_sparse_encoder(out), TEXTS), expected, rtol=1e-4, atol=1e-5)
+    lm, _ = load_decoder(ModelConfig(source=str(out), dtype="float32"), require_head=True)
+    torch.testing.assert_close(trained_term_bias(out, lm), bias, rtol=1e-5, atol=1e-5)
+    again = export_from_path(out, tmp_path / "again")  # a re-export keeps the bias
+    torch.testing.assert_close(_dense(_sparse_encoder(again), TEXTS), expected, rtol=1e-4, atol=1e-5)
 
 
 @needs_st
@@ -182,10 +221,20 @@ SPLADE_SET = ["splade.train.batch_size=4", "splade.train.eval_batches=2", "splad
 def test_mlm_then_splade_from_python_gives_a_sparse_encoder(tiny_model_dir, documents, tmp_path):
     out = tmp_path / "out"
     result = run_stages(str(tiny_model_dir), out, stages="mlm,splade", preset="tiny", data=[str(documents)],
-                        overrides=SPLADE_SET + ["splade.splade.top_k=40"], show_progress=False)
+                        overrides=SPLADE_SET + ["splade.splade.top_k=40", "splade.splade.init_active_terms=20"],
+                        show_progress=False)
     stage = result.summary["per_stage"]["2-splade"]
-    assert stage["pairs_from"] == "crops" and stage["top_k"] == 40 and stage["steps"] == 4
+    assert stage["pairs_from"] == "crops" and stage["top_k"] == 40 and stage["steps"] == 4 and stage["term_bias"]
     assert {"eval/splade_loss", "eval/active_terms_query", "eval/active_terms_doc"} <= set(stage["final_eval"])
+    # the term bias started near 20 active terms (of about 320) and trained: it is in each checkpoint, moved
+    # between them, and the export carries the last one
+    assert 0 < stage["final_eval"]["eval/active_terms_doc"] < 100
+    ckpts = sorted((out / "stages/2-splade/run/checkpoints").iterdir())
+    biases = [load_file(str(c / "model.safetensors"))["term_bias"] for c in ckpts]
+    assert len(biases) == 2 and not torch.allclose(biases[0], biases[1])
+    lm, _ = load_decoder(ModelConfig(source=str(out), dtype="float32"), require_head=True)
+    torch.testing.assert_close(trained_term_bias(out, lm), biases[-1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(load_checkpoint_model(ckpts[-1]).term_bias, biases[-1])
     # MLM's head (llama's is untied) was kept for the splade stage, which saved the one it trained
     assert (out / "stages/1-mlm/run" / LM_HEAD).is_file() and (out / "stages/2-splade/run" / LM_HEAD).is_file()
     assert result.summary["probe_after"]["bidirectional"]

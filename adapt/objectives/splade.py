@@ -17,6 +17,11 @@ trains them for retrieval:
 - Gradient caching (``contrastive.mini_batch``, ``train.grad_accum``) as the contrastive stages have it:
   both terms of the loss are functions of the vectors, so the cache is exact.
 
+- A per-term bias (``splade.term_bias``, on by default) added to the pooled logits before relu, started
+  from a calibration batch of the training texts at about ``splade.init_active_terms`` active terms per
+  text (:func:`adapt.splade.calibrate_term_bias`), then trained with the rest: a decoder's head has no
+  bias and its logits are mostly positive, so without one nearly every term is active in every text.
+
 The stage exports a sparse encoder (:mod:`adapt.sparse_export`; ``splade.top_k`` keeps each vector's k
 largest weights). Evaluation reports the held-out ranking loss and accuracy and the average number of
 active terms per query and per document.
@@ -24,18 +29,25 @@ active terms per query and per document.
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import numpy as np
 import torch
 
+from adapt.arch import head_logit_scale
 from adapt.config import RunConfig
-from adapt.objectives import StepOutput
+from adapt.embedding import tokenize
+from adapt.errors import ConfigError
+from adapt.objectives import StageContext, StepOutput
 from adapt.objectives.contrastive import Contrastive
 from adapt.objectives.crops import EVAL_STREAM, Crops
 from adapt.objectives.infonce import all_gather_rows, false_negative_mask
-from adapt.splade import SparseLM, active_terms, flops, ranking_loss, regularizer_scale
+from adapt.splade import SparseLM, active_terms, calibrate_term_bias, flops, ranking_loss, regularizer_scale
 
 KINDS = {"splade": {}}
+CALIBRATION_STREAM = 2  # the crops of the term bias's calibration batch: their own random stream
+CALIBRATION_TEXTS = 64  # queries and documents of the calibration batch (at most)
+log = logging.getLogger(__name__)
 
 
 class Splade(Crops):
@@ -64,8 +76,50 @@ class Splade(Crops):
         return Contrastive.texts(self, examples) if self.c.loss == "pairs" else Crops.texts(self, examples)
 
     # ---- model and loss -----------------------------------------------------------------------
+    def configure_model(self, model, tokenizer) -> list[int]:
+        if self.s.term_bias and head_logit_scale(model.config) is None:
+            raise ConfigError(f"splade.term_bias: this '{model.config.model_type}' model soft-caps its logits "
+                              "(final_logit_softcapping), so no bias added to its head can be exported as a "
+                              "linear layer; set splade.term_bias: false (without it most terms stay active)")
+        return super().configure_model(model, tokenizer)
+
+    def prepare(self, ctx: StageContext) -> None:
+        super().prepare(ctx)
+        self._accelerator = ctx.accelerator
+
     def module(self, model) -> torch.nn.Module:
-        return SparseLM(model)
+        if not self.s.term_bias:
+            return SparseLM(model)
+        return SparseLM(model, self.calibrate(SparseLM(model)))
+
+    @torch.no_grad()
+    def calibrate(self, sparse: SparseLM) -> torch.Tensor:
+        """The term bias's start (:func:`adapt.splade.calibrate_term_bias`) from the pooled logits of the first
+        training examples' texts, the same on every process. Run where training runs (the model is moved
+        there, as Accelerate would) unless it is sharded or quantized, then where it is. A resumed run's
+        checkpoint then replaces it."""
+        acc = getattr(self, "_accelerator", None)
+        param = next(sparse.model.parameters())
+        movable = (acc is not None and str(acc.distributed_type.value) not in ("FSDP", "DEEPSPEED", "MEGATRON_LM")
+                   and not getattr(sparse.model, "is_loaded_in_4bit", False)
+                   and not getattr(sparse.model, "is_loaded_in_8bit", False))
+        device = acc.device if movable else param.device
+        sparse.model.to(device)
+        rng, self._rng = getattr(self, "_rng", None), np.random.default_rng([self.cfg.train.seed, CALIBRATION_STREAM])
+        try:
+            texts, *_ = self.texts(self.train_set[:max(1, CALIBRATION_TEXTS // 2)])
+        finally:
+            self._rng = rng
+        was_training = sparse.training
+        sparse.eval()
+        texts = texts[:CALIBRATION_TEXTS]  # in chunks of 8: a (B, T, V) logits tensor is large
+        pooled = torch.cat([sparse(**tokenize(self.tokenizer, texts[s:s + 8], self.c.max_length, device), raw=True)
+                            for s in range(0, len(texts), 8)])
+        sparse.train(was_training)
+        bias = calibrate_term_bias(pooled, self.s.init_active_terms)
+        log.info("splade term bias: calibrated on %d texts for about %d active terms per text", len(pooled),
+                 self.s.init_active_terms)
+        return bias
 
     def loss_fn(self, n_queries: int, positive_keys, doc_keys, inverse, *, gather: bool):
         lambda_q, lambda_d = self._scale * self.s.lambda_q, self._scale * self.s.lambda_d
@@ -130,7 +184,8 @@ class Splade(Crops):
     def summary(self) -> dict:
         s = self.s
         return {"pairs_from": self.c.loss, "lambda_q": s.lambda_q, "lambda_d": s.lambda_d,
-                "lambda_warmup_steps": self.warmup_steps, "top_k": s.top_k, "batch_per_process": self.batch,
+                "lambda_warmup_steps": self.warmup_steps, "top_k": s.top_k, "term_bias": s.term_bias,
+                "init_active_terms": s.init_active_terms if s.term_bias else None, "batch_per_process": self.batch,
                 "mini_batch": self.mini_batch, "data": self.counts, "train_examples": len(self.train_set),
                 "eval_examples": len(self.eval_set)}
 
