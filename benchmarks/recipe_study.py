@@ -8,7 +8,7 @@ the `standard` suite's dev split (choose there; report the test split for the fi
     python benchmarks/recipe_study.py run                    # every recipe, seed 0 (resumes: finished runs are kept)
     python benchmarks/recipe_study.py run --recipes mlm30,mlm30+crops --seeds 0,1
     python benchmarks/recipe_study.py run --limit 300        # a cheaper screening pass: 300 items per split
-    python benchmarks/recipe_study.py report [--split test --recipes a,b,c --seeds 0,1 --poolings last,weightedmean]
+    python benchmarks/recipe_study.py report [--split test --recipes a,b,c --seeds 0,1 --poolings last,weightedmean --tag lr]
 
 The budget is in steps, not in wall time, so that a busy machine does not change what a recipe
 trains: `calibrate` times a few steps of each stage signature (its kind, tuning, batch and lengths)
@@ -87,6 +87,13 @@ RECIPES: dict[str, list[tuple[str, float, dict]]] = {
     "mlm40-lora+crops-lora": [("mlm", 0.3, {**MLM40, **LORA}), ("crops", 0.7, {"contrastive": {"dropout": 0.0},
                                                                                  **LORA})],
     "simcse-lora": [("simcse", 1.0, {"contrastive": {"dropout": 0.1}, **LORA})],
+    # learning rate: crops-lora's loss was still falling at its last step at 3e-4
+    "crops-lora-lr6e-4": [("crops", 1.0, {"contrastive": {"dropout": 0.0}, **LORA, "train": {"lr": 6.0e-4}})],
+    "crops-lora-lr1e-3": [("crops", 1.0, {"contrastive": {"dropout": 0.0}, **LORA, "train": {"lr": 1.0e-3}})],
+    "crops-lora-lr2e-3": [("crops", 1.0, {"contrastive": {"dropout": 0.0}, **LORA, "train": {"lr": 2.0e-3}})],
+    # crops-lora trained at 576, 288, 144 and 64 dimensions (Matryoshka; score with adapt bench --dims)
+    "crops-lora-mrl": [("crops", 1.0, {"contrastive": {"dropout": 0.0, "matryoshka_dims": ["full", 288, 144, 64]},
+                                       **LORA})],
 }
 
 
@@ -228,7 +235,7 @@ def report(args) -> None:
     suite = f"standard{'-dev' if args.split == 'dev' else ''}"
     result = run_bench(models, suite=suite, out_dir=_bench_dir(args), baselines=True, source=SOURCE,
                        limit=args.limit, update_cards=False)
-    stem = f"recipe_study_{args.split}" + (f"_limit{args.limit}" if args.limit else "")
+    stem = f"recipe_study{f'_{args.tag}' if args.tag else ''}_{args.split}" + (f"_limit{args.limit}" if args.limit else "")
     RESULTS.mkdir(parents=True, exist_ok=True)
     for path in result.paths.values():
         shutil.copy(path, RESULTS / f"{stem}{Path(path).suffix}")
@@ -243,6 +250,92 @@ def report(args) -> None:
                           "recipe": RECIPES.get(out.name.rsplit("-s", 1)[0])}
     (RESULTS / f"{stem}_runs.json").write_text(json.dumps(runs, indent=2, default=str) + "\n")
     print(result.markdown)
+    summary = seed_summary(result, _names(args.recipes), seeds)
+    if summary:
+        write_seed_summary(summary, RESULTS / f"{stem}_seeds")
+        print((RESULTS / f"{stem}_seeds.md").read_text())
+
+
+def seed_summary(result, names: list[str], seeds: list[int]) -> list[dict]:
+    """Each recipe over the seeds it was run with, against the source's best causal pooling on this split:
+    the mean change of the average with a two-level bootstrap interval (seeds and items resampled,
+    ``adapt.bench.verdict.compare_seeds``), the task kinds ahead and behind, and each seed's own change."""
+    import numpy as np
+
+    from adapt.bench import stats, verdict
+
+    rows = [r for r in result.rows if r.get("main")]
+    values = {(r["model"], r["task"]): r["value"] for r in rows}
+    kinds = {r["task"]: r["kind"] for r in rows}
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    causal = [m for m in dict.fromkeys(r["model"] for r in rows) if m.startswith(SOURCE) and "causal" in m
+              and all((m, t) in result.items for t in tasks)]
+    if not causal:
+        return []
+    average = {m: float(np.mean([values[(m, t)] for t in tasks])) for m in {r["model"] for r in rows}
+               if all((m, t) in values for t in tasks)}
+    best = max(causal, key=average.get)
+    dists = {}
+
+    def dist(model):
+        for t in tasks:
+            if (model, t) not in dists:
+                dists[(model, t)] = stats.bootstrap(result.items[(model, t)], key=t)
+
+    dist(best)
+    out = []
+    for name in names:
+        models = [f"{name}-s{s}" for s in seeds if all((f"{name}-s{s}", t) in result.items for t in tasks)]
+        if not models:
+            continue
+        for m in models:
+            dist(m)
+        c = verdict.compare_seeds(models, best, tasks, kinds, values, dists)
+        out.append({"recipe": name, "seeds": [m.rsplit("-s", 1)[1] for m in models], "against": best,
+                    "against_average": average[best], "average": float(np.mean([average[m] for m in models])),
+                    "per_seed_average": [average[m] for m in models],
+                    "per_seed_delta": [average[m] - average[best] for m in models],
+                    "delta": c["delta"], "low": c["low"], "high": c["high"], "kinds": c["kinds"],
+                    **verdict.groups(c)})
+    return out
+
+
+def write_seed_summary(summary: list[dict], stem: Path) -> None:
+    """``STEM.md`` (a table), ``STEM.json`` and ``STEM.png`` (each recipe's change, its seeds as dots)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    against = summary[0]["against"]
+    lines = [f"## Recipes over seeds, against {against} (average {summary[0]['against_average']:.3f})", "",
+             "| recipe | seeds | average (mean over seeds) | per seed | change vs source [95%] | ahead | behind | level |",
+             "|---|---|---:|---|---|---|---|---|"]
+    for r in summary:
+        lines.append(f"| {r['recipe']} | {len(r['seeds'])} ({', '.join(r['seeds'])}) | {r['average']:.3f} | "
+                     f"{', '.join(f'{a:.3f}' for a in r['per_seed_average'])} | {r['delta']:+.3f} "
+                     f"[{r['low']:+.3f}, {r['high']:+.3f}] | {', '.join(r['ahead']) or '-'} | "
+                     f"{', '.join(r['behind']) or '-'} | {', '.join(r['level']) or '-'} |")
+    lines += ["", "Change: the mean over seeds of the average over tasks, less the source's. Interval: two-level "
+              "bootstrap (1,000 resamples; each draws the seeds with replacement, then the items, paired with "
+              "the source's), `adapt.bench.verdict.compare_seeds`; with 2-3 seeds the seed spread is itself "
+              "uncertain, so read the interval as a lower bound on the true spread. A kind is ahead or behind "
+              "when its own interval excludes 0.", ""]
+    stem.with_suffix(".md").write_text("\n".join(lines))
+    stem.with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n")
+    fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(summary) + 2), 4))
+    for i, r in enumerate(summary):
+        ax.errorbar([i], [r["delta"]], yerr=[[r["delta"] - r["low"]], [r["high"] - r["delta"]]], fmt="s",
+                    color="C0", capsize=6, label="mean over seeds, 95%" if i == 0 else None)
+        ax.scatter([i + 0.12] * len(r["per_seed_delta"]), r["per_seed_delta"], color="C1", zorder=3,
+                   label="one seed" if i == 0 else None)
+    ax.axhline(0, color="grey", lw=1)
+    ax.set_xticks(range(len(summary)), [f"{r['recipe']}\n({len(r['seeds'])} seeds)" for r in summary], fontsize=8)
+    ax.set_ylabel(f"average change vs\n{against}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(stem.with_suffix(".png"), dpi=120)
+    plt.close(fig)
 
 
 def main() -> None:
@@ -254,6 +347,8 @@ def main() -> None:
     ap.add_argument("--force", action="store_true", help="calibrate again")
     ap.add_argument("--poolings", help="report: also score each run with these poolings (e.g. last,weightedmean); "
                     "the export's own pooling is always scored")
+    ap.add_argument("--tag", help="report: a name for this table's files (recipe_study_TAG_SPLIT...), so that one "
+                    "report does not overwrite another")
     ap.add_argument("--limit", type=int, help="score at most this many items per split of each task "
                     "(a cheaper screening pass on dev; the finalists are scored on whole splits)")
     args = ap.parse_args()

@@ -136,3 +136,28 @@ def test_verdict_compares_with_the_better_causal_baseline_and_sorts_kinds():
     assert text.startswith("verdict: enc vs src (causal, mean): average")
     assert "ahead: retrieval" in text and "behind: similarity" in text and "level: classification" in text
     assert verdicts(rows, items, {}) == []
+
+
+def test_compare_seeds_holds_the_spread_between_seeds():
+    from adapt.bench.verdict import compare, compare_seeds
+
+    rng = np.random.default_rng(1)
+    base = {"r": rng.random(400), "c": rng.random(400)}
+    kinds = {"r": "retrieval", "c": "classification"}
+    scores = {"src": base,
+              "good-s0": {t: v + 0.05 for t, v in base.items()}, "good-s1": {t: v + 0.05 for t, v in base.items()},
+              "wild-s0": {t: v + 0.15 for t, v in base.items()}, "wild-s1": {t: v - 0.05 for t, v in base.items()}}
+    values = {(m, t): float(np.mean(v)) for m, per in scores.items() for t, v in per.items()}
+    dists = {(m, t): stats.bootstrap(_evidence(v), key=t) for m, per in scores.items() for t, v in per.items()}
+    tasks = ["r", "c"]
+    one = compare_seeds(["good-s0"], "src", tasks, kinds, values, dists)
+    assert one == compare("good-s0", "src", tasks, kinds, values, dists) | {"seeds": 1}
+    # two equal seeds: the single seed's interval; both +0.05 on every item, so it is exactly +0.05
+    two = compare_seeds(["good-s0", "good-s1"], "src", tasks, kinds, values, dists)
+    assert two["delta"] == pytest.approx(0.05) and two["low"] == pytest.approx(0.05) == two["high"]
+    # seeds +0.15 and -0.05: the same mean change, but the interval spans the two seeds, 0 included (to within
+    # the drift correction of adapt.bench.stats.interval: the draws hold the two seeds not exactly 50/50)
+    wild = compare_seeds(["wild-s0", "wild-s1"], "src", tasks, kinds, values, dists)
+    assert wild["delta"] == pytest.approx(0.05) and wild["seeds"] == 2
+    assert wild["low"] == pytest.approx(-0.05, abs=0.01) and wild["high"] == pytest.approx(0.15, abs=0.01)
+    assert wild["kinds"]["retrieval"]["low"] < 0 < wild["kinds"]["retrieval"]["high"]

@@ -41,6 +41,8 @@ class BenchReport:
     cache_hits: int = 0  # text groups whose embeddings came from OUT/cache
     cache_misses: int = 0  # text groups that were encoded
     verdicts: list[str] = field(default_factory=list)  # one line per converted model vs its source (adapt.bench.verdict)
+    # (model, task) -> its per-item evidence (adapt.bench.stats.ItemScores), for comparisons the report does not make
+    items: dict = field(default_factory=dict, repr=False)
 
     def value(self, model: str, task: str, metric: str | None = None) -> float | None:
         """One score: the task's main metric unless ``metric`` is given."""

@@ -240,6 +240,7 @@ def _finish(rows, items, entries, display, reference, names, out_dir, title, cac
     """Process 0: the reports, the verdict lines and the model cards."""
     report = write_reports(stats.annotate(rows, items, reference, names), out_dir, title)
     report.cache_hits, report.cache_misses = cache.hits, cache.misses
+    report.items = items
     lines = {}  # converted model -> its verdict line
     if baselines:
         pairs = pairs_at(_baselines_of(entries, display, source), {r["model"] for r in report.rows}, dims)

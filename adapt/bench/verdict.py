@@ -21,15 +21,43 @@ def _average_dist(model: str, tasks: list[str], dists: dict) -> np.ndarray:
 
 def compare(model: str, other: str, tasks: list[str], kinds: dict[str, str], values: dict, dists: dict) -> dict:
     """The paired change of ``model`` against ``other`` over ``tasks``: overall and per task kind."""
+    return compare_seeds([model], other, tasks, kinds, values, dists) | {"model": model}
+
+
+def compare_seeds(models: list[str], other: str, tasks: list[str], kinds: dict[str, str], values: dict,
+                  dists: dict, rng_seed: int = 0) -> dict:
+    """The change of a recipe trained with several seeds (``models``: one scored encoder per seed) against
+    ``other``: the mean over seeds, with an interval from a two-level bootstrap. Resample ``b`` draws the
+    seeds with replacement (``rng_seed`` fixes the draw) and takes, for each, its task resample ``b`` (the
+    same items as ``other``'s resample ``b``), so the interval holds the spread between seeds as well as
+    the items'. With one seed it is the paired bootstrap of :func:`compare`. With two or three seeds the
+    seed part of the spread is itself uncertain: read it as a lower bound."""
+    n_boot = len(dists[(models[0], tasks[0])])
+    draws = np.random.default_rng(rng_seed).integers(0, len(models), size=(n_boot, len(models)))
+
+    def seed_mean(dist_of):  # (B,): resample b's mean over seeds drawn for b
+        stacked = np.stack([dist_of(m) for m in models])  # (seeds, B)
+        return np.take_along_axis(stacked, draws.T, axis=0).mean(axis=0)
+
     def change(subset):
-        observed = float(np.mean([values[(model, t)] - values[(other, t)] for t in subset]))
-        diff = _average_dist(model, subset, dists) - _average_dist(other, subset, dists)
+        observed = float(np.mean([values[(m, t)] for m in models for t in subset])
+                         - np.mean([values[(other, t)] for t in subset]))
+        diff = seed_mean(lambda m: _average_dist(m, subset, dists)) - _average_dist(other, subset, dists)
         low, high = stats.interval(diff, observed)
         return {"delta": observed, "low": low, "high": high}
 
-    out = {"model": model, "against": other, "tasks": len(tasks), **change(tasks), "kinds": {}}
+    out = {"model": ", ".join(models), "seeds": len(models), "against": other, "tasks": len(tasks),
+           **change(tasks), "kinds": {}}
     for kind in sorted(set(kinds[t] for t in tasks)):
         out["kinds"][kind] = change([t for t in tasks if kinds[t] == kind])
+    return out
+
+
+def groups(result: dict) -> dict[str, list[str]]:
+    """Task kinds where the change's interval is above 0 (ahead), below 0 (behind), or holds 0 (level)."""
+    out = {"ahead": [], "behind": [], "level": []}
+    for kind, c in result["kinds"].items():
+        out["ahead" if c["low"] > 0 else "behind" if c["high"] < 0 else "level"].append(kind)
     return out
 
 
@@ -38,12 +66,9 @@ def line(result: dict) -> str:
     def sign(x):
         return f"{x:+.3f}"
 
-    groups = {"ahead": [], "behind": [], "level": []}
-    for kind, c in result["kinds"].items():
-        groups["ahead" if c["low"] > 0 else "behind" if c["high"] < 0 else "level"].append(kind)
     text = (f"verdict: {result['model']} vs {result['against']}: average {sign(result['delta'])} "
             f"[{sign(result['low'])}, {sign(result['high'])}] (paired bootstrap 95%, {result['tasks']} tasks)")
-    for name, found in groups.items():
+    for name, found in groups(result).items():
         if found:
             text += f"; {name}: {', '.join(found)}"
     return text
