@@ -291,7 +291,10 @@ def seed_summary(result, names: list[str], seeds: list[int]) -> list[dict]:
         for m in models:
             dist(m)
         c = verdict.compare_seeds(models, best, tasks, kinds, values, dists)
-        out.append({"recipe": name, "seeds": [m.rsplit("-s", 1)[1] for m in models], "against": best,
+        first = out[0] if out else None  # the first recipe listed, over its seeds: which recipe to choose
+        vs_first = None if first is None else verdict.compare_seeds(models, first["models"], tasks, kinds, values, dists)
+        out.append({"recipe": name, "models": models, "seeds": [m.rsplit("-s", 1)[1] for m in models], "against": best,
+                    "vs_first": None if vs_first is None else {k: vs_first[k] for k in ("against", "delta", "low", "high")},
                     "against_average": average[best], "average": float(np.mean([average[m] for m in models])),
                     "per_seed_average": [average[m] for m in models],
                     "per_seed_delta": [average[m] - average[best] for m in models],
@@ -309,18 +312,21 @@ def write_seed_summary(summary: list[dict], stem: Path) -> None:
 
     against = summary[0]["against"]
     lines = [f"## Recipes over seeds, against {against} (average {summary[0]['against_average']:.3f})", "",
-             "| recipe | seeds | average (mean over seeds) | per seed | change vs source [95%] | ahead | behind | level |",
-             "|---|---|---:|---|---|---|---|---|"]
+             "| recipe | seeds | average (mean over seeds) | per seed | change vs source [95%] | ahead | behind | level "
+             f"| vs {summary[0]['recipe']} [95%] |", "|---|---|---:|---|---|---|---|---|---|"]
     for r in summary:
         lines.append(f"| {r['recipe']} | {len(r['seeds'])} ({', '.join(r['seeds'])}) | {r['average']:.3f} | "
                      f"{', '.join(f'{a:.3f}' for a in r['per_seed_average'])} | {r['delta']:+.3f} "
                      f"[{r['low']:+.3f}, {r['high']:+.3f}] | {', '.join(r['ahead']) or '-'} | "
-                     f"{', '.join(r['behind']) or '-'} | {', '.join(r['level']) or '-'} |")
+                     f"{', '.join(r['behind']) or '-'} | {', '.join(r['level']) or '-'} | "
+                     + (f"{r['vs_first']['delta']:+.3f} [{r['vs_first']['low']:+.3f}, {r['vs_first']['high']:+.3f}] |"
+                        if r["vs_first"] else "- |"))
     lines += ["", "Change: the mean over seeds of the average over tasks, less the source's. Interval: two-level "
               "bootstrap (1,000 resamples; each draws the seeds with replacement, then the items, paired with "
               "the source's), `adapt.bench.verdict.compare_seeds`; with 2-3 seeds the seed spread is itself "
               "uncertain, so read the interval as a lower bound on the true spread. A kind is ahead or behind "
-              "when its own interval excludes 0.", ""]
+              f"when its own interval excludes 0. Last column: the same two-level bootstrap against "
+              f"{summary[0]['recipe']} over its own seeds.", ""]
     stem.with_suffix(".md").write_text("\n".join(lines))
     stem.with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n")
     fig, ax = plt.subplots(figsize=(max(5, 1.3 * len(summary) + 2), 4))

@@ -161,3 +161,7 @@ def test_compare_seeds_holds_the_spread_between_seeds():
     assert wild["delta"] == pytest.approx(0.05) and wild["seeds"] == 2
     assert wild["low"] == pytest.approx(-0.05, abs=0.01) and wild["high"] == pytest.approx(0.15, abs=0.01)
     assert wild["kinds"]["retrieval"]["low"] < 0 < wild["kinds"]["retrieval"]["high"]
+    # recipe against recipe, each over its seeds: level, the wild one's spread on the other side
+    both = compare_seeds(["wild-s0", "wild-s1"], ["good-s0", "good-s1"], tasks, kinds, values, dists)
+    assert both["delta"] == pytest.approx(0.0, abs=1e-12) and both["against"] == "good-s0, good-s1"
+    assert both["low"] == pytest.approx(-0.10, abs=0.01) and both["high"] == pytest.approx(0.10, abs=0.01)

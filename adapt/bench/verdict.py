@@ -24,29 +24,32 @@ def compare(model: str, other: str, tasks: list[str], kinds: dict[str, str], val
     return compare_seeds([model], other, tasks, kinds, values, dists) | {"model": model}
 
 
-def compare_seeds(models: list[str], other: str, tasks: list[str], kinds: dict[str, str], values: dict,
+def compare_seeds(models: list[str], other, tasks: list[str], kinds: dict[str, str], values: dict,
                   dists: dict, rng_seed: int = 0) -> dict:
     """The change of a recipe trained with several seeds (``models``: one scored encoder per seed) against
-    ``other``: the mean over seeds, with an interval from a two-level bootstrap. Resample ``b`` draws the
-    seeds with replacement (``rng_seed`` fixes the draw) and takes, for each, its task resample ``b`` (the
-    same items as ``other``'s resample ``b``), so the interval holds the spread between seeds as well as
-    the items'. With one seed it is the paired bootstrap of :func:`compare`. With two or three seeds the
-    seed part of the spread is itself uncertain: read it as a lower bound."""
+    ``other`` (one model, or another recipe's list of seeds): the difference of the means over seeds, with an
+    interval from a two-level bootstrap. Resample ``b`` draws each side's seeds with replacement
+    (``rng_seed`` fixes the draws) and takes, for each, its task resample ``b`` (the same items on both
+    sides), so the interval holds the spread between seeds as well as the items'. With one seed a side it is
+    the paired bootstrap of :func:`compare`. With two or three seeds the seed part of the spread is itself
+    uncertain: read it as a lower bound."""
+    others = [other] if isinstance(other, str) else list(other)
     n_boot = len(dists[(models[0], tasks[0])])
-    draws = np.random.default_rng(rng_seed).integers(0, len(models), size=(n_boot, len(models)))
+    rng = np.random.default_rng(rng_seed)
+    draws = [rng.integers(0, len(side), size=(len(side), n_boot)) for side in (models, others)]
 
-    def seed_mean(dist_of):  # (B,): resample b's mean over seeds drawn for b
-        stacked = np.stack([dist_of(m) for m in models])  # (seeds, B)
-        return np.take_along_axis(stacked, draws.T, axis=0).mean(axis=0)
+    def seed_mean(side, draw, subset):  # (B,): resample b's mean over the seeds drawn for b
+        stacked = np.stack([_average_dist(m, subset, dists) for m in side])  # (seeds, B)
+        return np.take_along_axis(stacked, draw, axis=0).mean(axis=0)
 
     def change(subset):
         observed = float(np.mean([values[(m, t)] for m in models for t in subset])
-                         - np.mean([values[(other, t)] for t in subset]))
-        diff = seed_mean(lambda m: _average_dist(m, subset, dists)) - _average_dist(other, subset, dists)
+                         - np.mean([values[(o, t)] for o in others for t in subset]))
+        diff = seed_mean(models, draws[0], subset) - seed_mean(others, draws[1], subset)
         low, high = stats.interval(diff, observed)
         return {"delta": observed, "low": low, "high": high}
 
-    out = {"model": ", ".join(models), "seeds": len(models), "against": other, "tasks": len(tasks),
+    out = {"model": ", ".join(models), "seeds": len(models), "against": ", ".join(others), "tasks": len(tasks),
            **change(tasks), "kinds": {}}
     for kind in sorted(set(kinds[t] for t in tasks)):
         out["kinds"][kind] = change([t for t in tasks if kinds[t] == kind])
