@@ -91,9 +91,12 @@ RECIPES: dict[str, list[tuple[str, float, dict]]] = {
     "crops-lora-lr6e-4": [("crops", 1.0, {"contrastive": {"dropout": 0.0}, **LORA, "train": {"lr": 6.0e-4}})],
     "crops-lora-lr1e-3": [("crops", 1.0, {"contrastive": {"dropout": 0.0}, **LORA, "train": {"lr": 1.0e-3}})],
     "crops-lora-lr2e-3": [("crops", 1.0, {"contrastive": {"dropout": 0.0}, **LORA, "train": {"lr": 2.0e-3}})],
-    # crops-lora trained at 576, 288, 144 and 64 dimensions (Matryoshka; score with adapt bench --dims)
-    "crops-lora-mrl": [("crops", 1.0, {"contrastive": {"dropout": 0.0, "matryoshka_dims": ["full", 288, 144, 64]},
-                                       **LORA})],
+    # the demo's recipe trained at 576, 288, 144 and 64 dimensions (Matryoshka; score with adapt bench --dims)
+    "crops-lora-lr1e-3-mrl": [("crops", 1.0, {"contrastive": {"dropout": 0.0, "matryoshka_dims": ["full", 288, 144, 64]},
+                                              **LORA, "train": {"lr": 1.0e-3}})],
+    # the demo's recipe on four domains of text in place of the 300 news articles (benchmarks/study_corpus.py)
+    "crops-lora-lr1e-3-mix": [("crops", 1.0, {"contrastive": {"dropout": 0.0}, **LORA, "train": {"lr": 1.0e-3},
+                                              "data": {"sources": ["study:mix"]}})],
 }
 
 
@@ -118,11 +121,20 @@ def signature(kind: str, raw: dict) -> str:
     return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
+def _sources(raw: dict) -> dict:
+    """``study:mix`` in a recipe's data sources is the study's four-domain corpus, built on first use."""
+    if "study:mix" in raw["data"]["sources"]:
+        from study_corpus import build
+
+        raw["data"]["sources"] = [str(build()) if s == "study:mix" else s for s in raw["data"]["sources"]]
+    return raw
+
+
 def _preset(stages: list[tuple[str, int, dict]], seed: int, description: str) -> dict:
     """A chain preset: the first stage's sections at the top, every stage's own sections in ``stages``."""
     entries = []
     for kind, steps, raw in stages:
-        raw = copy.deepcopy(raw)
+        raw = _sources(copy.deepcopy(raw))
         raw["train"] = {**raw["train"], "max_steps": int(steps), "seed": seed}
         entries.append({"kind": kind, **raw})
     return {"description": description, **{k: v for k, v in entries[0].items() if k != "kind"}, "stages": entries}
