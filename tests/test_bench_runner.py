@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from adapt.bench import ModelSpec, SimilarityTask, list_suites, run_bench
-from adapt.bench.models import baseline_specs, find_source
+from adapt.bench.models import baseline_specs, encoder_key, find_source
 from adapt.bench.report import read_results
 from adapt.bench.runner import expand_models
 from adapt.errors import AdaptError, ConfigError, DataError
@@ -80,6 +80,18 @@ def test_second_run_encodes_only_the_new_model(tmp_path):
     third = HashEncoder("a")
     run_bench([third], tasks=tasks[:1], out_dir=tmp_path / "out", max_length=64, show_progress=False)
     assert third.calls == 1
+
+
+def test_cache_key_of_a_local_model_does_not_depend_on_how_its_path_is_written(tmp_path, monkeypatch):
+    (tmp_path / "runs" / "enc").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    enc = HashEncoder("enc")
+    relative = encoder_key(enc, ModelSpec.parse("runs/enc@pooling=mean"), 128)
+    assert relative == encoder_key(enc, ModelSpec.parse(f"{tmp_path}/runs/enc@pooling=mean,label=x"), 128)
+    assert relative != encoder_key(enc, ModelSpec.parse("runs/enc@pooling=last"), 128)
+    assert relative != encoder_key(enc, ModelSpec.parse("runs/enc@pooling=mean"), 64)
+    # a hub id is not a local path: kept as written
+    assert "org/model@pooling=mean" in encoder_key(enc, ModelSpec.parse("org/model@pooling=mean"), 128)
 
 
 def test_cache_off_and_damaged_cache_file(tmp_path):

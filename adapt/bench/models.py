@@ -158,8 +158,11 @@ def default_loader(spec: ModelSpec, max_length: int | None, device: str | None =
 
 
 def encoder_key(encoder: EncoderLike, spec: ModelSpec | None, max_length: int | None) -> str:
-    """What the embedding cache keys a model on: its fingerprint (or name), spec and max_length."""
+    """What the embedding cache keys a model on: its fingerprint (or name), spec and max_length. A local
+    folder or file is keyed by its absolute path, so ``runs/x`` and ``/abs/runs/x`` share their cache."""
     ident = getattr(encoder, "fingerprint", None) or getattr(encoder, "name", None) or type(encoder).__name__
+    if spec is not None and Path(spec.source).exists():
+        spec = dataclasses.replace(spec, source=str(Path(spec.source).resolve()))
     return f"{ident}|{spec.canonical() if spec else ''}|max_length={max_length}"
 
 
