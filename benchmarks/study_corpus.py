@@ -116,7 +116,6 @@ def build(path: Path = CORPUS) -> Path:
 
 if __name__ == "__main__":
     out = build()
-    counts: dict[str, int] = {}
-    for line in out.read_text(encoding="utf-8").splitlines():
-        counts[json.loads(line)["domain"]] = counts.get(json.loads(line)["domain"], 0) + 1
-    print(out, counts)
+    from collections import Counter
+
+    print(out, dict(Counter(json.loads(line)["domain"] for line in out.read_text(encoding="utf-8").splitlines())))
