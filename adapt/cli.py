@@ -172,8 +172,14 @@ def _prompts(items):
 @click.option("--kind", type=click.Choice(["dense", "sparse"]), help="dense: an embedding encoder; sparse: a SPLADE "
               "SparseEncoder of the LM head the run trained (default: as SOURCE was exported).")
 @click.option("--top-k", type=int, help="Sparse: keep each vector's K largest term weights (implies --kind sparse).")
+@click.option("--order-dims", type=click.Choice(["pca", "none"]), help="pca: dimensions in principal order (an "
+              "orthogonal Dense layer fitted on --data: full-size similarities unchanged, any prefix a good "
+              "truncate_dim); none: as pooled (default: as SOURCE was exported).")
+@click.option("--data", "data", multiple=True, help="Text for --order-dims pca to fit on (files, folders; repeatable). "
+              "A checkpoint defaults to its run's training data.")
 @_friendly
-def export(source, out, pooling, normalize, max_seq_length, dtype, prompts, backend, quantize, kind, top_k):
+def export(source, out, pooling, normalize, max_seq_length, dtype, prompts, backend, quantize, kind, top_k,
+           order_dims, data):
     """Write an embedding encoder from SOURCE: a converted run or an encoder, or a training checkpoint
     (OUT/run/checkpoints/step-N; OUT/run/checkpoints for the newest), rebuilt from the run's config.
     With --backend onnx|openvino the folder also holds that graph, and `adapt embed` runs it. With
@@ -185,7 +191,7 @@ def export(source, out, pooling, normalize, max_seq_length, dtype, prompts, back
         raise click.UsageError("--quantize needs --backend onnx or openvino")
     path = export_from_path(source, out, pooling=pooling, normalize=normalize, max_seq_length=max_seq_length,
                             prompts=_prompts(prompts), dtype=dtype, backend=backend, quantize=quantize, kind=kind,
-                            top_k=top_k)
+                            top_k=top_k, order_dims=order_dims, data=list(data) or None)
     click.echo(f"exported {source} -> {path} (probe: bidirectional)")
     if backend != "torch":
         from adapt.backends import folder_backend

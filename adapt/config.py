@@ -171,10 +171,17 @@ class ExportConfig:
     max_seq_length: int = _help("encoder max sequence length", 512)
     prompts: dict = _help("prompts by name, e.g. {query: 'query: '}", default_factory=dict)
     dtype: str | None = _help("saved dtype: float32, bfloat16, float16 (default: as trained)", None)
+    order_dims: str = _help("pca: turn the pooled vector onto the principal axes of the stage's training text "
+                            "(an orthogonal Dense layer: full-size similarities unchanged), so its first N "
+                            "dimensions are the best N to truncate to (adapt.dim_order) | none", "none")
+    order_texts: int = _help("order_dims: at most this many training texts (spans of <= 32 words) to fit on", 4096)
 
     def __post_init__(self):
         _check(self.pooling in ("mean", "weightedmean", "lasttoken", "cls"),
                f"export.pooling must be mean, weightedmean, lasttoken or cls, not {self.pooling!r}")
+        _check(self.order_dims in ("none", "pca"), f"export.order_dims must be none or pca, not {self.order_dims!r}")
+        _check(isinstance(self.order_texts, int) and self.order_texts >= 2,
+               f"export.order_texts must be a whole number of texts, 2 or more, not {self.order_texts!r}")
         _check(self.dtype in (None, "float32", "bfloat16", "float16"), "export.dtype must be float32, bfloat16 or float16")
 
 

@@ -3,7 +3,7 @@
 ``source`` is an exported encoder (a sentence-transformers folder: its pooling, normalization,
 prompts and length are used unless overridden), a raw decoder folder or hub id (mean pooling by
 default; ``bidirectional`` None = as its config says, False = causal, True = made bidirectional
-without training) or any sentence-transformers model of Transformer + Pooling [+ Normalize].
+without training) or any sentence-transformers model of Transformer + Pooling [+ linear Dense layers] [+ Normalize].
 
 Vectors equal ``SentenceTransformer(folder).encode`` (same tokenization, truncation, prompts and
 pooling), computed faster: texts are tokenized once, sorted by token length, padded per batch on the
@@ -36,7 +36,7 @@ from adapt.backends import BACKENDS, BackendModel, folder_backend
 from adapt.bidirectional import is_bidirectional, make_bidirectional, position_ids_from_mask, prepare_config
 from adapt.bnb import check_quantized_weights
 from adapt.errors import ConfigError, ModelLoadError
-from adapt.export import read_st_settings
+from adapt.export import load_projection, read_st_settings
 from adapt.loading import looks_like_hub_id, parse_dtype, resolve_source
 from adapt.pooling import pool, pooling_name
 
@@ -83,9 +83,11 @@ class Encoder:
     fingerprint: str = ""
     last_stats: EncodeStats = field(default_factory=EncodeStats)
     truncate_dim: int | None = None  # keep the first N dimensions (see :func:`truncated`)
+    projections: list = field(default_factory=list)  # linear Dense layers after pooling: [(weight, bias|None)]
 
     def __post_init__(self):
         self.model.eval()
+        self.projections = [(w.float(), None if b is None else b.float()) for w, b in self.projections]
         tok = self.tokenizer
         self._pad_id = next((i for i in (tok.pad_token_id, tok.eos_token_id, 0) if i is not None), 0)
         self._filler_id = next((i for i in (tok.eos_token_id, tok.bos_token_id, tok.pad_token_id, 0) if i is not None))
@@ -93,8 +95,13 @@ class Encoder:
         self._prompt_lengths: dict[str, int] = {}
 
     @property
+    def full_dim(self) -> int:
+        """The size of the vectors before any truncation: the hidden size, or the last Dense layer's output."""
+        return int(self.projections[-1][0].shape[0]) if self.projections else int(self.model.config.hidden_size)
+
+    @property
     def dim(self) -> int:
-        full = int(self.model.config.hidden_size)
+        full = self.full_dim
         return min(full, self.truncate_dim) if self.truncate_dim else full
 
     @property
@@ -153,7 +160,11 @@ class Encoder:
         if self._absolute:
             kwargs["position_ids"] = position_ids_from_mask(kwargs["attention_mask"])
         hidden = self.model(**kwargs, return_dict=True).last_hidden_state.float()  # (B, T, H)
-        return pool(hidden, kwargs["attention_mask"], self.pooling, prompt_length)
+        vectors = pool(hidden, kwargs["attention_mask"], self.pooling, prompt_length)
+        for weight, bias in self.projections:  # the folder's linear Dense layers, in fp32 as pooled
+            vectors = torch.nn.functional.linear(vectors, weight.to(vectors.device),
+                                                 None if bias is None else bias.to(vectors.device))
+        return vectors
 
     def encode(self, texts: Iterable[str] | str, *, batch_size: int = 32, prompt_name: str | None = None,
                prompt: str | None = None, normalize: bool | None = None, show_progress: bool = False,
@@ -323,11 +334,13 @@ def load_encoder(source, *, pooling: str | None = None, bidirectional: bool | No
     fingerprint = _fingerprint(path if path.is_dir() else str(source), Path(model_dir), pooling=pooling,
                                bidirectional=is_bidirectional(model), dtype=str(torch_dtype), normalize=normalize,
                                max_length=int(max_length), prompts=st["prompts"],
-                               include_prompt=st["include_prompt"], do_lower_case=st["do_lower_case"])
+                               include_prompt=st["include_prompt"], do_lower_case=st["do_lower_case"],
+                               projections=_weight_files(st.get("projections")))
     return truncated(Encoder(model, tokenizer, name=name, pooling=pooling, normalize=normalize,
                              max_length=int(max_length), prompts=st["prompts"],
                              default_prompt_name=st["default_prompt_name"], include_prompt=st["include_prompt"],
-                             do_lower_case=st["do_lower_case"], fingerprint=fingerprint),
+                             do_lower_case=st["do_lower_case"], fingerprint=fingerprint,
+                             projections=[load_projection(p) for p in st.get("projections") or []]),
                      truncate_dim, st.get("matryoshka_dims"))
 
 
@@ -336,7 +349,7 @@ def truncated(encoder: Encoder, dim: int | None, trained: list[int] | None = Non
     folder records (``matryoshka_dims``): another size is allowed, with a warning."""
     if dim is None:
         return encoder
-    full = int(encoder.model.config.hidden_size)
+    full = encoder.full_dim
     if isinstance(dim, bool) or not isinstance(dim, int) or not 0 < dim <= full:
         raise ConfigError(f"cannot truncate {encoder.name}'s vectors to {dim!r} dimensions: it has {full}; choose "
                           f"1 to {full}" + (f" (trained sizes: {', '.join(map(str, trained))})" if trained else ""))
@@ -378,10 +391,11 @@ def _load_graph_encoder(path: Path, model_dir: Path, graph: dict, st: dict, *, p
     fingerprint = _fingerprint(path, path / Path(graph["file"]).parent, pooling=pooling, backend=graph["name"],
                                quantize=graph.get("quantize"), normalize=normalize, max_length=max_length,
                                prompts=st["prompts"], include_prompt=st["include_prompt"],
-                               do_lower_case=st["do_lower_case"])
+                               do_lower_case=st["do_lower_case"], projections=_weight_files(st.get("projections")))
     return Encoder(model, tokenizer, name=path.name, pooling=pooling, normalize=normalize, max_length=max_length,
                    prompts=st["prompts"], default_prompt_name=st["default_prompt_name"],
-                   include_prompt=st["include_prompt"], do_lower_case=st["do_lower_case"], fingerprint=fingerprint)
+                   include_prompt=st["include_prompt"], do_lower_case=st["do_lower_case"], fingerprint=fingerprint,
+                   projections=[load_projection(p) for p in st.get("projections") or []])
 
 
 def _max_length(max_length, st: dict, tokenizer, config) -> int:
@@ -402,6 +416,12 @@ def backend_encoder(folder, torch_encoder: Encoder, model) -> Encoder:
 def backend_of(encoder: Encoder) -> str:
     """The backend an encoder runs: torch, onnx or openvino."""
     return getattr(encoder.model, "backend", "torch")
+
+
+def _weight_files(folders) -> list:
+    """(folder, file, size, mtime) of the weights of each Dense layer folder: part of an encoder's fingerprint."""
+    return [(str(Path(f).resolve()), p.name, p.stat().st_size, p.stat().st_mtime_ns)
+            for f in folders or [] for p in sorted(Path(f).glob("*")) if p.suffix in (".safetensors", ".bin")]
 
 
 def _fingerprint(source, model_dir: Path, **settings) -> str:

@@ -5,7 +5,8 @@ Layout of ``OUT`` (``OUT/run/`` with the training run's own files is never touch
     config.json  model.safetensors  tokenizer*     the backbone (``AutoModel``), ``"is_causal": false``
     modules.json  sentence_bert_config.json         Transformer at the root, attention pinned if needed
     config_sentence_transformers.json               prompts, cosine similarity, matryoshka_dims (if trained)
-    1_Pooling/  [2_Normalize/]                      pooling (mean, weightedmean, last, cls)
+    1_Pooling/  [2_Dense/]  [N_Normalize/]          pooling (mean, weightedmean, last, cls); the principal-axes
+                                                    rotation (``export.order_dims: pca``, adapt.dim_order)
     README.md  adapt_export.json                    model card; what adapt wrote (for re-export)
 
 The export is assembled by sentence-transformers itself (``SentenceTransformer(modules=...).save``) in a
@@ -16,6 +17,7 @@ or causal encoder. The LM head is not exported: an encoder needs only the backbo
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -29,6 +31,8 @@ from adapt.io_utils import atomic_write_text, read_json
 from adapt.layout import RUN
 from adapt.loading import parse_dtype
 from adapt.pooling import POOLINGS, pooling_name
+
+log = logging.getLogger(__name__)
 
 MANIFEST = "adapt_export.json"
 _TEXT_ONLY = {"text": {"method": "forward", "method_output_name": "last_hidden_state"}}
@@ -95,14 +99,16 @@ def export_target(model, out_dir, max_seq_length: int | None) -> tuple[Path, int
 def export_encoder(model, tokenizer, out_dir, *, pooling: str = "mean", normalize: bool = False,
                    max_seq_length: int = 512, prompts: dict[str, str] | None = None, dtype=None,
                    card: dict | None = None, source: str | None = None,
-                   matryoshka_dims: list[int] | None = None) -> Path:
+                   matryoshka_dims: list[int] | None = None, rotation=None, order: dict | None = None) -> Path:
     """Write ``model`` (bidirectional, in memory) and ``tokenizer`` to ``out_dir`` as a sentence-transformers encoder.
 
     ``dtype``: bf16/fp16/fp32 for the saved weights (None keeps the model's). ``prompts``: named
     prefixes, e.g. ``{"query": "query: ", "document": ""}`` for ``encode(..., prompt_name="query")``.
     ``card``: what the model card reports (see :func:`render_card`). ``matryoshka_dims``: the sizes the
     encoder was trained to be truncated to (``contrastive.matryoshka_dims``), recorded in
-    config_sentence_transformers.json, the manifest and the card so users pick a ``truncate_dim``. Raises
+    config_sentence_transformers.json, the manifest and the card so users pick a ``truncate_dim``.
+    ``rotation``: an orthogonal ``(H, H)`` matrix applied to the pooled vector as a ``Dense`` layer (dimensions in
+    principal order, :mod:`adapt.dim_order`); ``order`` is what the manifest records of how it was fitted. Raises
     :class:`NotBidirectionalError` (leaving ``out_dir`` as it was) if the reloaded folder is causal.
     """
     pooling = pooling_name(pooling)
@@ -112,6 +118,7 @@ def export_encoder(model, tokenizer, out_dir, *, pooling: str = "mean", normaliz
     out_dir, max_seq_length = export_target(backbone, out_dir, max_seq_length)
     attn = preferred_attention(config)
     dims = check_truncate_dims(matryoshka_dims, int(config.get_text_config().hidden_size), config.model_type)
+    rotation = check_rotation(rotation, int(config.get_text_config().hidden_size))
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.export.", dir=out_dir.parent))
     try:
@@ -126,11 +133,12 @@ def export_encoder(model, tokenizer, out_dir, *, pooling: str = "mean", normaliz
             config.architectures, config.pad_token_id = saved
         model_dtype = torch_dtype or next(backbone.parameters()).dtype
         _build(stage, built, pooling=pooling, normalize=normalize, prompts=prompts, attn=attn, dtype=model_dtype,
-               dims=dims)
+               dims=dims, rotation=rotation)
         report = probe_folder(built, where=f"export to {out_dir}")
         manifest = {"adapt_export": 1, "source": source, "pooling": pooling, "normalize": bool(normalize),
                     "dtype": str(model_dtype).removeprefix("torch."), "max_seq_length": max_seq_length,
                     "attn_implementation": attn, "prompts": prompts or {}, "matryoshka_dims": dims, "card": card or {},
+                    "order_dims": (order or {"method": "given"}) if rotation is not None else None,
                     "probe": report.to_dict()}
         publish(built, out_dir, manifest)
     finally:
@@ -157,14 +165,36 @@ def check_truncate_dims(dims, hidden_size: int, family: str = "") -> list[int]:
     return sorted(dims, reverse=True)
 
 
-def _build(stage: Path, built: Path, *, pooling, normalize, prompts, attn, dtype, dims=()) -> None:
+def check_rotation(rotation, hidden_size: int):
+    """``rotation`` as a float32 ``(H, H)`` tensor, checked orthogonal (None stays None)."""
+    import torch
+
+    if rotation is None:
+        return None
+    rotation = torch.as_tensor(rotation, dtype=torch.float32).detach().cpu()
+    if tuple(rotation.shape) != (hidden_size, hidden_size):
+        raise ConfigError(f"the dimension-order rotation is {tuple(rotation.shape)}, not ({hidden_size}, {hidden_size}): "
+                          "it was fitted for another model")
+    error = (rotation @ rotation.T - torch.eye(hidden_size)).abs().max().item()
+    if error > 1e-3:
+        raise ConfigError(f"the dimension-order rotation is not orthogonal (|Q Q^T - I| reaches {error:.2g}): it "
+                          "would change similarities at full size")
+    return rotation
+
+
+def _build(stage: Path, built: Path, *, pooling, normalize, prompts, attn, dtype, dims=(), rotation=None) -> None:
     """Assemble the sentence-transformers modules from the staged backbone and save them to ``built``."""
+    import torch
     from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Dense
     from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
 
     transformer = Transformer(str(stage), model_kwargs={"attn_implementation": attn, "dtype": dtype},
                               modality_config=_TEXT_ONLY, module_output_name="token_embeddings")
-    modules = [transformer, Pooling(transformer.get_embedding_dimension(), pooling_mode=POOLINGS[pooling])]
+    size = transformer.get_embedding_dimension()
+    modules = [transformer, Pooling(size, pooling_mode=POOLINGS[pooling])]
+    if rotation is not None:  # fp32 whatever the backbone's dtype: it runs on the fp32 pooled vector
+        modules.append(Dense(size, size, bias=False, activation_function=torch.nn.Identity(), init_weight=rotation))
     if normalize:
         modules.append(Normalize())
     st = SentenceTransformer(modules=modules, prompts=dict(prompts or {}), similarity_fn_name="cosine",
@@ -232,7 +262,7 @@ def read_st_settings(folder) -> dict | None:
     except (OSError, json.JSONDecodeError):
         return None
     out = {"transformer_path": None, "pooling": "mean", "include_prompt": True, "normalize": False, "prompts": {},
-           "matryoshka_dims": [],
+           "matryoshka_dims": [], "projections": [],
            "default_prompt_name": None, "max_seq_length": None, "do_lower_case": False,
            "attn_implementation": None, "unsupported": []}
     for module in modules:
@@ -255,8 +285,11 @@ def read_st_settings(folder) -> dict | None:
             out["include_prompt"] = cfg.get("include_prompt", True)
         elif kind == "Normalize":
             out["normalize"] = True
+        elif kind == "Dense" and not out["normalize"] and _is_linear(read_json(path / "config.json")):
+            out["projections"].append(path)
         else:
-            out["unsupported"].append(f"module {kind}")
+            out["unsupported"].append(f"module {kind}" + (" (with an activation, or after Normalize)"
+                                                          if kind == "Dense" else ""))
     st_cfg = read_json(folder / "config_sentence_transformers.json")
     out["prompts"] = dict(st_cfg.get("prompts") or {})
     out["default_prompt_name"] = st_cfg.get("default_prompt_name")
@@ -264,6 +297,50 @@ def read_st_settings(folder) -> dict | None:
     if out["transformer_path"] is None:
         out["unsupported"].append("no Transformer module")
     return out
+
+
+_IDENTITY = ("torch.nn.modules.linear.Identity", "torch.nn.Identity")
+
+
+def _is_linear(dense_config: dict) -> bool:
+    """Whether a ``Dense`` module's config is a plain linear map (no activation) on the sentence embedding."""
+    return (dense_config.get("activation_function") in _IDENTITY and not dense_config.get("use_residual")
+            and dense_config.get("module_input_name", "sentence_embedding") == "sentence_embedding"
+            and dense_config.get("module_output_name", "sentence_embedding") in (None, "sentence_embedding"))
+
+
+def load_projection(folder):
+    """A linear ``Dense`` module folder -> (weight (out, in), bias (out,) or None), float32 tensors."""
+    import torch
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    try:
+        if (folder / "model.safetensors").is_file():
+            state = load_file(str(folder / "model.safetensors"))
+        else:
+            state = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        weight = state["linear.weight"].float()
+    except (OSError, KeyError, RuntimeError) as err:
+        raise ModelLoadError(f"{folder}: cannot read the Dense layer's weights ({type(err).__name__}: {err})") from err
+    bias = state.get("linear.bias")
+    return weight, None if bias is None else bias.float()
+
+
+def previous_rotation(model_dir: Path, previous: dict, pooling: str | None):
+    """The dimension-order rotation (``export.order_dims``) an export in ``model_dir`` carries, to carry it
+    over; None without one, or when ``pooling`` changes (its axes were fitted to the old pooling's vectors)."""
+    if not previous.get("order_dims"):
+        return None
+    if pooling and pooling_name(pooling) != pooling_name(previous.get("pooling") or "mean"):
+        log.warning("%s: its dimension order was fitted to %s pooling; exported with %s pooling, the dimensions "
+                    "are left as pooled", model_dir, previous.get("pooling"), pooling)
+        return None
+    folders = (read_st_settings(model_dir) or {}).get("projections") or []
+    if len(folders) != 1:
+        raise ModelLoadError(f"{model_dir}: its adapt_export.json records a dimension order, but it has "
+                             f"{len(folders)} linear Dense layers, not 1: re-export it from its run or checkpoint")
+    return load_projection(folders[0])[0]
 
 
 _LEGACY_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
@@ -336,6 +413,11 @@ def render_card(name: str, manifest: dict) -> str:
     dims = manifest.get("matryoshka_dims") or []
     if dims:
         lines.append(f"| Matryoshka sizes (`truncate_dim`) | {', '.join(map(str, dims))} |")
+    order = manifest.get("order_dims") or {}
+    if order:
+        fitted = f", fitted on {order['texts']} training texts" if order.get("texts") else ""
+        lines.append(f"| dimensions | in principal order (a rotation, `order_dims: {order.get('method')}`{fitted}): "
+                     "any prefix is a good `truncate_dim` |")
     probe = manifest.get("probe") or {}
     if probe:
         lines.append(f"| bidirectionality probe: first-token change (unpadded / right / left padding) | "

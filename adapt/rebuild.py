@@ -22,10 +22,11 @@ from adapt import layout
 from adapt.arch import preferred_attention
 from adapt.bidirectional import is_bidirectional
 from adapt.errors import ConfigError, ModelLoadError, NotBidirectionalError
-from adapt.export import MANIFEST, export_encoder
+from adapt.export import MANIFEST, export_encoder, previous_rotation
 from adapt.io_utils import read_json
 from adapt.objectives import build_objective
-from adapt.runner import load_model
+from adapt.dim_order import stage_texts
+from adapt.runner import load_model, ordered_dims
 from adapt.sparse_export import SPARSE, export_sparse, is_sparse_folder, reexport_sparse
 from adapt.tuning import apply_tuning
 
@@ -136,7 +137,8 @@ def _tokenizer_folder(model_dir: Path) -> Path:
 def export_from_path(source, out_dir, *, pooling: str | None = None, normalize: bool | None = None,
                      max_seq_length: int | None = None, prompts: dict[str, str] | None = None, dtype=None,
                      card: dict | None = None, backend: str = "torch", quantize: str | None = None,
-                     kind: str | None = None, top_k: int | None = None) -> Path:
+                     kind: str | None = None, top_k: int | None = None, order_dims: str | None = None,
+                     data: list[str] | None = None) -> Path:
     """``adapt export SOURCE -o DIR``: re-export a converted run folder, an exported encoder or a checkpoint.
 
     ``kind`` "sparse": a SPLADE encoder of the causal LM with the head its run trained
@@ -153,7 +155,17 @@ def export_from_path(source, out_dir, *, pooling: str | None = None, normalize: 
     as None are taken from the source's previous export (``adapt_export.json``) or, for a checkpoint,
     from the run's ``export`` section; else mean pooling, no normalization, 512 tokens, no prompts.
     The source must already be bidirectional (``is_causal: false``).
+
+    ``order_dims`` "pca": dimensions in principal order (:mod:`adapt.dim_order`), fitted on the documents of
+    ``data`` (for a checkpoint, by default on its run's training data); "none": as pooled; None: as SOURCE
+    was exported (a checkpoint: as its run's ``export.order_dims`` says).
     """
+    if order_dims not in (None, "none", "pca"):
+        raise ConfigError(f"unknown dimension order {order_dims!r}: pca or none")
+    if data and order_dims != "pca":
+        raise ConfigError("--data is the text that --order-dims pca fits the axes on: add --order-dims pca")
+    if order_dims is not None and (kind == SPARSE or top_k is not None):
+        raise ConfigError("--order-dims orders a dense vector's dimensions; a sparse vector's are vocabulary terms")
     if kind not in (None, "dense", SPARSE):
         raise ConfigError(f"unknown export kind {kind!r}: dense or sparse")
     if top_k is not None and kind == "dense":
@@ -167,7 +179,8 @@ def export_from_path(source, out_dir, *, pooling: str | None = None, normalize: 
             raise ConfigError("ONNX/OpenVINO graphs are written for dense encoders only: export the sparse encoder "
                               "with the torch backend")
         return _export_with_backend(source, out_dir, backend, quantize, pooling=pooling, normalize=normalize,
-                                    max_seq_length=max_seq_length, prompts=prompts, dtype=dtype, card=card)
+                                    max_seq_length=max_seq_length, prompts=prompts, dtype=dtype, card=card,
+                                    order_dims=order_dims, data=data)
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
     source = Path(source)
@@ -178,10 +191,13 @@ def export_from_path(source, out_dir, *, pooling: str | None = None, normalize: 
         if ckpt is not None:
             return _export_checkpoint(ckpt, out_dir, pooling=pooling, normalize=normalize,
                                       max_seq_length=max_seq_length, prompts=prompts, dtype=dtype, card=card,
-                                      kind=kind, top_k=top_k)
+                                      kind=kind, top_k=top_k, order_dims=order_dims, data=data)
     model_dir = _model_folder(source)
     previous = read_json(model_dir / MANIFEST)
     if kind == SPARSE or (kind is None and previous.get("kind") == SPARSE):
+        if order_dims is not None:
+            raise ConfigError(f"{model_dir} is a sparse encoder: --order-dims orders a dense vector's dimensions; add "
+                              "--kind dense for a dense encoder of it")
         return reexport_sparse(model_dir, out_dir, top_k=top_k, max_seq_length=max_seq_length, prompts=prompts,
                                dtype=dtype, card=card)
     if previous.get("kind") == SPARSE:  # a dense encoder of a sparse one: its SPLADE pooling does not apply
@@ -198,15 +214,21 @@ def export_from_path(source, out_dir, *, pooling: str | None = None, normalize: 
         tokenizer = AutoTokenizer.from_pretrained(_tokenizer_folder(model_dir))
     except Exception as err:  # noqa: BLE001
         raise ModelLoadError(f"{model_dir}: cannot load the model or tokenizer: {err}") from err
+    settings = dict(pooling=pooling or previous.get("pooling", "mean"),
+                    max_seq_length=max_seq_length or previous.get("max_seq_length") or 512,
+                    prompts=previous.get("prompts") if prompts is None else prompts)
+    if order_dims is None:
+        rotation = previous_rotation(model_dir, previous, pooling)
+        order = previous.get("order_dims") if rotation is not None else None
+    else:
+        rotation, order = _fit_order(order_dims, data, model, tokenizer, settings, runs_texts=None)
     return export_encoder(
-        model, tokenizer, out_dir,
-        pooling=pooling or previous.get("pooling", "mean"),
+        model, tokenizer, out_dir, **settings,
         normalize=previous.get("normalize", False) if normalize is None else normalize,
-        max_seq_length=max_seq_length or previous.get("max_seq_length") or 512,
-        prompts=previous.get("prompts") if prompts is None else prompts,
         dtype=dtype if dtype is not None else previous.get("dtype"),
         card={**previous.get("card", {}), **(card or {})},
-        source=previous.get("source") or str(source), matryoshka_dims=previous.get("matryoshka_dims"))
+        source=previous.get("source") or str(source), matryoshka_dims=previous.get("matryoshka_dims"),
+        rotation=rotation, order=order)
 
 
 def _export_with_backend(source, out_dir, backend, quantize, **settings) -> Path:
@@ -228,8 +250,26 @@ def _export_with_backend(source, out_dir, backend, quantize, **settings) -> Path
     return out_dir
 
 
+def _fit_order(order_dims: str, data, model, tokenizer, settings: dict, runs_texts):
+    """(rotation, record) for ``--order-dims``: "none" -> (None, None); "pca" -> fitted on the documents of
+    ``data``, else on ``runs_texts()`` (a checkpoint's run data), else an error saying to pass --data."""
+    from adapt.dim_order import fit_order, fitting_texts
+
+    if order_dims == "none":
+        return None, None
+    if data:
+        texts = fitting_texts(data)
+    elif runs_texts is not None:
+        texts = runs_texts()
+    else:
+        raise ConfigError("--order-dims pca fits the axes on text: pass --data PATH (the text the encoder was trained "
+                          "on, or text like what it will embed)")
+    return fit_order(model, tokenizer, texts, pooling=settings["pooling"], max_length=settings["max_seq_length"],
+                     prompt=(settings["prompts"] or {}).get("document", ""))
+
+
 def _export_checkpoint(ckpt: Path, out_dir, *, pooling, normalize, max_seq_length, prompts, dtype, card, kind=None,
-                       top_k=None) -> Path:
+                       top_k=None, order_dims=None, data=None) -> Path:
     """Export a training checkpoint: the run rebuilt from its config, LoRA merged; settings default to the run's."""
     loaded = load_checkpoint_model(ckpt)
     cfg, run_dir = loaded.config, ckpt.parent.parent
@@ -246,11 +286,18 @@ def _export_checkpoint(ckpt: Path, out_dir, *, pooling, normalize, max_seq_lengt
                              prompts=(exp.prompts or None) if prompts is None else prompts,
                              dtype=dtype if dtype is not None else exp.dtype, card={**facts, **(card or {})},
                              source=cfg.model.source)
-    return export_encoder(loaded.model, loaded.tokenizer, out_dir, pooling=pooling or exp.pooling,
+    settings = dict(pooling=pooling or exp.pooling, max_seq_length=max_seq_length or exp.max_seq_length,
+                    prompts=(exp.prompts or None) if prompts is None else prompts)
+    if order_dims is None:  # as the run exports (its texts, its pooling)
+        fitted = replace(cfg, export=replace(exp, pooling=settings["pooling"], max_seq_length=settings["max_seq_length"]))
+        rotation, order = ordered_dims(fitted, loaded.model, loaded.tokenizer, settings["prompts"])
+    else:
+        rotation, order = _fit_order(order_dims, data, loaded.model, loaded.tokenizer, settings,
+                                     runs_texts=lambda: stage_texts(cfg))
+    return export_encoder(loaded.model, loaded.tokenizer, out_dir, **settings,
                           normalize=exp.normalize if normalize is None else normalize,
-                          max_seq_length=max_seq_length or exp.max_seq_length,
-                          prompts=(exp.prompts or None) if prompts is None else prompts,
                           dtype=dtype if dtype is not None else exp.dtype, card={**facts, **(card or {})},
-                          source=cfg.model.source, matryoshka_dims=loaded.matryoshka_dims)
+                          source=cfg.model.source, matryoshka_dims=loaded.matryoshka_dims, rotation=rotation,
+                          order=order)
 
 

@@ -2,7 +2,7 @@
 
     config -> objective (adapt.objectives, by ``kind``) -> its data read -> one Accelerator -> OUT prepared
     -> seed -> load (bidirectional) -> objective adjusts the model -> probe -> objective's data built
-    -> tuning -> the loop (adapt.train) -> adapter saved and merged -> export -> probe of the saved
+    -> tuning -> the loop (adapt.train) -> adapter saved and merged -> [dimensions ordered] -> export -> probe of the saved
     folder -> summary
 
 The result ``OUT`` is a transformers model folder and a sentence-transformers folder at once; the
@@ -75,6 +75,17 @@ def probe_saved(out: Path):
     return assert_bidirectional(model, where=f"{out} reloaded with transformers")
 
 
+def ordered_dims(cfg: RunConfig, model, tokenizer, prompts: dict | None = None):
+    """(rotation, what the manifest records) for ``export.order_dims: pca`` (:mod:`adapt.dim_order`), fitted
+    on the stage's training text with its document prompt; (None, None) for ``none``."""
+    if cfg.export.order_dims != "pca":
+        return None, None
+    from adapt.dim_order import fit_order, stage_texts
+
+    return fit_order(model, tokenizer, stage_texts(cfg), pooling=cfg.export.pooling,
+                     max_length=cfg.export.max_seq_length, prompt=(prompts or {}).get("document", ""))
+
+
 def _check_fingerprint(run_dir: Path, fingerprint: dict | None, resume: bool) -> None:
     saved = run_dir / layout.DATA_FINGERPRINT
     if fingerprint is None:
@@ -141,8 +152,9 @@ def run_stage(cfg: RunConfig, out, *, resume: bool = False, overwrite: bool = Fa
             term_bias = getattr(acc.unwrap_model(trainer.module), "term_bias", None)
             export_sparse(merged, tokenizer, out, top_k=cfg.splade.top_k, term_bias=term_bias, **common)
         else:
+            rotation, order = ordered_dims(cfg, merged, tokenizer, prompts)
             export_encoder(merged, tokenizer, out, pooling=cfg.export.pooling, normalize=cfg.export.normalize,
-                           matryoshka_dims=objective.matryoshka_dims(), **common)
+                           matryoshka_dims=objective.matryoshka_dims(), rotation=rotation, order=order, **common)
         summary["probe_after"] = probe_saved(out).to_dict()
         summary["wall_seconds"] = round(time.perf_counter() - t0, 1)
         atomic_write_json(run_dir / layout.SUMMARY, summary)

@@ -38,7 +38,7 @@ from adapt.arch import preferred_attention
 from adapt.bnb import hide_bitsandbytes, quantizes
 from adapt.config import SECTIONS, RunConfig, apply_overrides, check_stages, load_preset
 from adapt.errors import ConfigError
-from adapt.export import MANIFEST, export_encoder
+from adapt.export import MANIFEST, export_encoder, previous_rotation
 from adapt.io_utils import atomic_write_json, atomic_write_text
 from adapt.loading import load_config, parse_dtype
 from adapt.objectives import build_objective, forced_settings, kinds, registry
@@ -292,6 +292,7 @@ def _publish(plan: list[Stage], out: Path, summaries: dict) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(str(last))
     export_encoder(model, tokenizer, out, pooling=manifest["pooling"], normalize=manifest["normalize"],
                    max_seq_length=manifest["max_seq_length"], prompts=manifest.get("prompts") or None, dtype=dtype,
-                   card=card, source=source, matryoshka_dims=manifest.get("matryoshka_dims"))
+                   card=card, source=source, matryoshka_dims=manifest.get("matryoshka_dims"),
+                   rotation=previous_rotation(last, manifest, None), order=manifest.get("order_dims"))
     return {"source": source, "stages": [s.name for s in plan], "per_stage": summaries,
             "final": str(plan[-1].dir), "probe_after": probe_saved(out).to_dict()}

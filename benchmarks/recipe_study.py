@@ -98,6 +98,13 @@ RECIPES: dict[str, list[tuple[str, float, dict]]] = {
     # seeds had not learned the crops task by step 39)
     "crops-lora-lr1e-3-len32": [("crops", 1.0, {"contrastive": {"dropout": 0.0, "max_length": 32}, **LORA,
                                                 "train": {"lr": 1.0e-3}})],
+    # shorter still: crops of at most 16 tokens, for about twice the steps of len32 again
+    "crops-lora-lr1e-3-len16": [("crops", 1.0, {"contrastive": {"dropout": 0.0, "max_length": 16}, **LORA,
+                                                "train": {"lr": 1.0e-3}})],
+    # the demo's recipe (len32, 90 steps) trained at 576, 288, 144 and 64 dimensions (Matryoshka)
+    "crops-lora-lr1e-3-len32-mrl": [("crops", 1.0, {"contrastive": {"dropout": 0.0, "max_length": 32,
+                                                                    "matryoshka_dims": ["full", 288, 144, 64]},
+                                                    **LORA, "train": {"lr": 1.0e-3}})],
     # the demo's recipe on four domains of text in place of the 300 news articles (benchmarks/study_corpus.py)
     "crops-lora-lr1e-3-mix": [("crops", 1.0, {"contrastive": {"dropout": 0.0}, **LORA, "train": {"lr": 1.0e-3},
                                               "data": {"sources": ["study:mix"]}})],
