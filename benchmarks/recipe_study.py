@@ -9,6 +9,7 @@ the `standard` suite's dev split (choose there; report the test split for the fi
     python benchmarks/recipe_study.py run --recipes mlm30,mlm30+crops --seeds 0,1
     python benchmarks/recipe_study.py run --limit 300        # a cheaper screening pass: 300 items per split
     python benchmarks/recipe_study.py report [--split test --recipes a,b,c --seeds 0,1 --poolings last,weightedmean --tag lr --lean]
+    python benchmarks/recipe_study.py dims --recipes a,b --seeds 0 --limit 300 --order-dims --tag len32   # truncated sizes
 
 The budget is in steps, not in wall time, so that a busy machine does not change what a recipe
 trains: `calibrate` times a few steps of each stage signature (its kind, tuning, batch and lengths)
@@ -286,6 +287,81 @@ def report(args) -> None:
         print((RESULTS / f"{stem}_seeds.md").read_text())
 
 
+DIMS = ["full", 288, 144, 64]  # the sizes the study's Matryoshka recipes train: 1, 1/2, 1/4 and 1/9 of 576
+
+
+def dims(args) -> None:
+    """Each finished run scored at every size of DIMS (``adapt bench --dims``); with ``--order-dims`` also its
+    export with dimensions in principal order (``adapt export --order-dims pca``, fitted on the recipe's own
+    training text, the same documents its stage cropped). Writes ``matryoshka_TAG_SPLIT[_limitN].{md,json,png}``:
+    the bench table, then each model's average at each size and the fraction of its full-size average kept."""
+    from adapt.bench.runner import run_bench
+    from adapt.rebuild import export_from_path
+
+    seeds = [int(s) for s in args.seeds.split(",")]
+    models = []
+    for name in _names(args.recipes):
+        for seed in seeds:
+            out = RUNS / f"{name}-s{seed}"
+            if not (out / "run" / "summary.json").exists():
+                raise SystemExit(f"{out} is not finished: `python benchmarks/recipe_study.py run --recipes {name} "
+                                 f"--seeds {seed}` first")
+            models.append(f"{out}@label={name}-s{seed}")
+            if args.order_dims:
+                ordered = RUNS / "ordered" / f"{name}-s{seed}"
+                if not (ordered / "adapt_export.json").exists():
+                    sources = _sources(stage_config(*RECIPES[name][-1][::2]))["data"]["sources"]
+                    export_from_path(out, ordered, order_dims="pca", data=sources)
+                models.append(f"{ordered}@label={name}-s{seed}-pca")
+    out_dir = RUNS / "bench-dims"
+    result = run_bench(models, suite=f"standard{'-dev' if args.split == 'dev' else ''}", out_dir=out_dir,
+                       limit=args.limit, dims=",".join(map(str, DIMS)), update_cards=False)
+    stem = f"matryoshka{f'_{args.tag}' if args.tag else ''}_{args.split}" + (f"_limit{args.limit}" if args.limit else "")
+    kept = kept_table(result, [m.rsplit("label=", 1)[1] for m in models])
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    lines = [result.markdown, "", "### Average at each size, and the fraction of the full-size average it keeps", "",
+             "| model | " + " | ".join(str(d) for d in DIMS) + " |", "|---|" + "---:|" * len(DIMS)]
+    for name, row in kept.items():
+        lines.append(f"| {name} | " + " | ".join(f"{a:.3f} ({f:.3f})" for a, f in row) + " |")
+    (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{stem}.json").write_text(json.dumps({"rows": result.rows, "kept": kept}, indent=2, default=str) + "\n")
+    plot_kept(kept, RESULTS / f"{stem}.png")
+    print("\n".join(lines))
+
+
+def kept_table(result, names: list[str]) -> dict:
+    """``{model: [(average, average / full-size average) at each size of DIMS]}`` over the main scores."""
+    import numpy as np
+
+    rows = [r for r in result.rows if r.get("main")]
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    values = {(r["model"], r["task"]): r["value"] for r in rows}
+    out = {}
+    for name in names:
+        averages = [float(np.mean([values[(f"{name}@dim={d}", t)] for t in tasks])) for d in DIMS]
+        out[name] = [(a, a / averages[0]) for a in averages]
+    return out
+
+
+def plot_kept(kept: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, row in kept.items():
+        ax.plot(range(len(DIMS)), [f for _, f in row], marker="o", label=name)
+    ax.axhline(0.95, color="grey", lw=1, ls="--", label="0.95")
+    ax.set_xticks(range(len(DIMS)), [str(d) for d in DIMS])
+    ax.set_xlabel("dimensions kept")
+    ax.set_ylabel("fraction of the full-size average")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def seed_summary(result, names: list[str], seeds: list[int]) -> list[dict]:
     """Each recipe over the seeds it was run with, against the source's best causal pooling on this split:
     the mean change of the average with a two-level bootstrap interval (seeds and items resampled,
@@ -376,7 +452,7 @@ def write_seed_summary(summary: list[dict], stem: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["calibrate", "plan", "run", "report"])
+    ap.add_argument("command", choices=["calibrate", "plan", "run", "report", "dims"])
     ap.add_argument("--recipes", help="comma-separated recipe names (default: all)")
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--split", choices=["dev", "test"], default="dev")
@@ -390,12 +466,14 @@ def main() -> None:
                     "bidirectional rows (each costs as much to score as a recipe)")
     ap.add_argument("--limit", type=int, help="score at most this many items per split of each task "
                     "(a cheaper screening pass on dev; the finalists are scored on whole splits)")
+    ap.add_argument("--order-dims", action="store_true", help="dims: also score each run exported with its "
+                    "dimensions in principal order (adapt export --order-dims pca on the recipe's training text)")
     args = ap.parse_args()
     if args.command == "plan":
         for name in _names(args.recipes):
             print(name, [(k, s) for k, s, _ in plan(name)])
         return
-    {"calibrate": calibrate, "run": run, "report": report}[args.command](args)
+    {"calibrate": calibrate, "run": run, "report": report, "dims": dims}[args.command](args)
 
 
 if __name__ == "__main__":
