@@ -335,7 +335,7 @@ def load_encoder(source, *, pooling: str | None = None, bidirectional: bool | No
                                bidirectional=is_bidirectional(model), dtype=str(torch_dtype), normalize=normalize,
                                max_length=int(max_length), prompts=st["prompts"],
                                include_prompt=st["include_prompt"], do_lower_case=st["do_lower_case"],
-                               projections=_weight_files(st.get("projections")))
+                               **_projection_key(st))
     return truncated(Encoder(model, tokenizer, name=name, pooling=pooling, normalize=normalize,
                              max_length=int(max_length), prompts=st["prompts"],
                              default_prompt_name=st["default_prompt_name"], include_prompt=st["include_prompt"],
@@ -391,7 +391,7 @@ def _load_graph_encoder(path: Path, model_dir: Path, graph: dict, st: dict, *, p
     fingerprint = _fingerprint(path, path / Path(graph["file"]).parent, pooling=pooling, backend=graph["name"],
                                quantize=graph.get("quantize"), normalize=normalize, max_length=max_length,
                                prompts=st["prompts"], include_prompt=st["include_prompt"],
-                               do_lower_case=st["do_lower_case"], projections=_weight_files(st.get("projections")))
+                               do_lower_case=st["do_lower_case"], **_projection_key(st))
     return Encoder(model, tokenizer, name=path.name, pooling=pooling, normalize=normalize, max_length=max_length,
                    prompts=st["prompts"], default_prompt_name=st["default_prompt_name"],
                    include_prompt=st["include_prompt"], do_lower_case=st["do_lower_case"], fingerprint=fingerprint,
@@ -418,10 +418,14 @@ def backend_of(encoder: Encoder) -> str:
     return getattr(encoder.model, "backend", "torch")
 
 
-def _weight_files(folders) -> list:
-    """(folder, file, size, mtime) of the weights of each Dense layer folder: part of an encoder's fingerprint."""
-    return [(str(Path(f).resolve()), p.name, p.stat().st_size, p.stat().st_mtime_ns)
-            for f in folders or [] for p in sorted(Path(f).glob("*")) if p.suffix in (".safetensors", ".bin")]
+def _projection_key(st: dict) -> dict:
+    """What a folder's Dense layers add to its fingerprint: (folder, file, size, mtime) of their weights; nothing
+    for a folder without any, so an encoder's fingerprint (and its cached embeddings) is what it was before."""
+    folders = st.get("projections") or []
+    if not folders:
+        return {}
+    return {"projections": [(str(Path(f).resolve()), p.name, p.stat().st_size, p.stat().st_mtime_ns)
+                            for f in folders for p in sorted(Path(f).glob("*")) if p.suffix in (".safetensors", ".bin")]}
 
 
 def _fingerprint(source, model_dir: Path, **settings) -> str:

@@ -102,6 +102,13 @@ RECIPES: dict[str, list[tuple[str, float, dict]]] = {
     # shorter still: crops of at most 16 tokens, for about twice the steps of len32 again
     "crops-lora-lr1e-3-len16": [("crops", 1.0, {"contrastive": {"dropout": 0.0, "max_length": 16}, **LORA,
                                                 "train": {"lr": 1.0e-3}})],
+    # shorter again: crops of at most 8 tokens (the crops themselves hold 8+ words, so this cuts them)
+    "crops-lora-lr1e-3-len8": [("crops", 1.0, {"contrastive": {"dropout": 0.0, "max_length": 8}, **LORA,
+                                               "train": {"lr": 1.0e-3}})],
+    # len16 (204 steps) trained at 576, 288, 144 and 64 dimensions (Matryoshka)
+    "crops-lora-lr1e-3-len16-mrl": [("crops", 1.0, {"contrastive": {"dropout": 0.0, "max_length": 16,
+                                                                    "matryoshka_dims": ["full", 288, 144, 64]},
+                                                    **LORA, "train": {"lr": 1.0e-3}})],
     # the demo's recipe (len32, 90 steps) trained at 576, 288, 144 and 64 dimensions (Matryoshka)
     "crops-lora-lr1e-3-len32-mrl": [("crops", 1.0, {"contrastive": {"dropout": 0.0, "max_length": 32,
                                                                     "matryoshka_dims": ["full", 288, 144, 64]},

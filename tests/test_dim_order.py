@@ -89,6 +89,15 @@ def test_a_stage_ships_the_rotation_and_every_loader_applies_it(tiny_model_dir, 
     weight = torch.tensor(st[2].linear.weight.detach().numpy())
     again = export_from_path(out, tmp_path / "again")
     np.testing.assert_allclose(SentenceTransformer(str(again), device="cpu").encode(TEXTS), rotated, atol=1e-5)
+    # the Dense weights are part of the fingerprint the embedding cache keys on
+    from safetensors.torch import save_file
+
+    before = load_encoder(again).fingerprint
+    dense = next(again.glob("*_Dense"))
+    save_file({"linear.weight": -weight}, str(dense / "model.safetensors"))
+    flipped = load_encoder(again)
+    assert flipped.fingerprint != before
+    np.testing.assert_allclose(flipped.encode(TEXTS), -rotated, atol=1e-5)
     from_ckpt = export_from_path(out / "run/checkpoints", tmp_path / "from-ckpt")
     st_ckpt = SentenceTransformer(str(from_ckpt), device="cpu")
     torch.testing.assert_close(st_ckpt[2].linear.weight.detach(), weight, atol=1e-4, rtol=0)
@@ -235,3 +244,20 @@ def test_cli_export_orders_an_encoder_on_given_text_and_refuses_without_it(tiny_
     rotated = SentenceTransformer(str(tmp_path / "ordered"), device="cpu").encode(TEXTS)
     np.testing.assert_allclose(_unit(rotated) @ _unit(rotated).T, _unit(pooled) @ _unit(pooled).T, atol=1e-5)
     assert not np.allclose(rotated, pooled, atol=1e-3)
+
+
+def test_a_bf16_export_carries_the_rotation_in_the_backbones_dtype(tmp_path, tokenizer):
+    from sentence_transformers import SentenceTransformer
+
+    from adapt.bidirectional import make_bidirectional
+    from adapt.encoder import load_encoder
+    from adapt.export import export_encoder
+
+    model = make_bidirectional(tiny_decoder("llama", vocab_size=len(tokenizer)))
+    rotation = torch.linalg.qr(torch.randn(32, 32, generator=torch.Generator().manual_seed(0)))[0]
+    out = export_encoder(model, tokenizer, tmp_path / "bf16", dtype="bfloat16", rotation=rotation, max_seq_length=64)
+    st = SentenceTransformer(str(out), device="cpu")
+    assert st[0].auto_model.dtype == torch.bfloat16 and st[2].linear.weight.dtype == torch.bfloat16
+    theirs = st.encode(TEXTS)  # no dtype clash between the bf16 pooled vector and the Dense layer
+    ours = load_encoder(out, dtype="bfloat16").encode(TEXTS)
+    assert (np.sum(_unit(theirs) * _unit(ours), axis=1) > 0.99).all()
