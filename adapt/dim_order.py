@@ -26,7 +26,6 @@ from adapt.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-METHODS = ("none", "pca")
 SPAN_WORDS = 32  # fitting texts: documents cut into spans of at most this many words (the crops' scale)
 
 
@@ -82,10 +81,10 @@ def fit_order(model, tokenizer, texts: list[str], *, pooling: str, max_length: i
     """The ``(H, H)`` rotation (``Dense`` weight) that puts ``model``'s pooled vectors in principal order,
     fitted on ``texts``, and what the manifest records of it. ``model``'s train/eval mode is kept."""
     from adapt.encoder import EncodeWarning, Encoder
-    from adapt.export import _backbone
+    from adapt.export import backbone_of
     from adapt.pooling import pooling_name
 
-    backbone = _backbone(model)
+    backbone = backbone_of(model)
     was_training = backbone.training
     encoder = Encoder(backbone, tokenizer, name="order_dims", pooling=pooling_name(pooling), normalize=False,
                       max_length=int(max_length))

@@ -50,12 +50,13 @@ from adapt.bidirectional import assert_bidirectional
 from adapt.config import TrainConfig, TuningConfig
 from adapt.embed_io import read_texts
 from adapt.errors import ConfigError, DataError, ModelLoadError, OutputExistsError
-from adapt.export import pin_attention, read_st_settings
+from adapt.export import pin_attention
 from adapt.io_utils import atomic_path, read_jsonl
 from adapt.layout import CHECKPOINTS, RUN
 from adapt.loading import load_sequence_classifier, looks_like_hub_id
 from adapt.objectives.classification import POOLINGS, Classification, ClassifierModule, pad_batch, score_layer
 from adapt.readers import file_format, iter_lines, iter_records
+from adapt.st_folder import read_st_settings
 from adapt.train import Trainer, build_accelerator
 from adapt.tuning import apply_tuning, merged_model
 

@@ -21,13 +21,14 @@ import torch
 from adapt import layout
 from adapt.arch import preferred_attention
 from adapt.bidirectional import is_bidirectional
+from adapt.dim_order import stage_texts
 from adapt.errors import ConfigError, ModelLoadError, NotBidirectionalError
-from adapt.export import MANIFEST, export_encoder, previous_rotation
+from adapt.export import MANIFEST, export_encoder
 from adapt.io_utils import read_json
 from adapt.objectives import build_objective
-from adapt.dim_order import stage_texts
 from adapt.runner import load_model, ordered_dims
 from adapt.sparse_export import SPARSE, export_sparse, is_sparse_folder, reexport_sparse
+from adapt.st_folder import previous_rotation
 from adapt.tuning import apply_tuning
 
 log = logging.getLogger(__name__)
@@ -192,6 +193,9 @@ def export_from_path(source, out_dir, *, pooling: str | None = None, normalize: 
             return _export_checkpoint(ckpt, out_dir, pooling=pooling, normalize=normalize,
                                       max_seq_length=max_seq_length, prompts=prompts, dtype=dtype, card=card,
                                       kind=kind, top_k=top_k, order_dims=order_dims, data=data)
+    if order_dims == "pca" and not data:  # a checkpoint (above) fits on its run's data; a folder has none
+        raise ConfigError("--order-dims pca fits the axes on text: pass --data PATH (the text the encoder was trained "
+                          "on, or text like what it will embed)")
     model_dir = _model_folder(source)
     previous = read_json(model_dir / MANIFEST)
     if kind == SPARSE or (kind is None and previous.get("kind") == SPARSE):
@@ -252,18 +256,12 @@ def _export_with_backend(source, out_dir, backend, quantize, **settings) -> Path
 
 def _fit_order(order_dims: str, data, model, tokenizer, settings: dict, runs_texts):
     """(rotation, record) for ``--order-dims``: "none" -> (None, None); "pca" -> fitted on the documents of
-    ``data``, else on ``runs_texts()`` (a checkpoint's run data), else an error saying to pass --data."""
+    ``data``, else on ``runs_texts()`` (a checkpoint's run data)."""
     from adapt.dim_order import fit_order, fitting_texts
 
     if order_dims == "none":
         return None, None
-    if data:
-        texts = fitting_texts(data)
-    elif runs_texts is not None:
-        texts = runs_texts()
-    else:
-        raise ConfigError("--order-dims pca fits the axes on text: pass --data PATH (the text the encoder was trained "
-                          "on, or text like what it will embed)")
+    texts = fitting_texts(data) if data else runs_texts()
     return fit_order(model, tokenizer, texts, pooling=settings["pooling"], max_length=settings["max_seq_length"],
                      prompt=(settings["prompts"] or {}).get("document", ""))
 

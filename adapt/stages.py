@@ -38,7 +38,8 @@ from adapt.arch import preferred_attention
 from adapt.bnb import hide_bitsandbytes, quantizes
 from adapt.config import SECTIONS, RunConfig, apply_overrides, check_stages, load_preset
 from adapt.errors import ConfigError
-from adapt.export import MANIFEST, export_encoder, previous_rotation
+from adapt.export import MANIFEST, export_encoder
+from adapt.st_folder import previous_rotation
 from adapt.io_utils import atomic_write_json, atomic_write_text
 from adapt.loading import load_config, parse_dtype
 from adapt.objectives import build_objective, forced_settings, kinds, registry

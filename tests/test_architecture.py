@@ -22,7 +22,7 @@ LAYERS = [
                                    "batches", "pairs", "heads", "splade"}),
     ("objectives", {"objectives"}),
     ("the loop", {"train"}),
-    ("artifacts", {"export", "encoder", "embed_io", "embed_shards", "backends", "backend_export", "sparse_export",
+    ("artifacts", {"export", "st_folder", "encoder", "mteb_adapter", "dim_order", "embed_io", "embed_shards", "backends", "backend_export", "sparse_export",
                    "sparse_embed"}),
     ("the pipeline", {"runner", "stages", "convert", "rebuild", "finetune"}),
     ("commands", {"cli", "__main__", "bench"}),

@@ -204,7 +204,7 @@ def test_a_dense_layer_with_an_activation_is_named_when_adapt_cannot_run_it(tiny
         load_encoder(tmp_path / "tanh")
 
 
-def test_cli_convert_with_the_order_then_bench_at_a_size(corpus, tokenizer, tmp_path):
+def test_cli_convert_with_the_order_then_embed_at_a_size(corpus, tokenizer, tmp_path):
     model_dir = tmp_path / "tiny-qwen2"
     tiny_decoder("qwen2", vocab_size=len(tokenizer)).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
@@ -244,6 +244,11 @@ def test_cli_export_orders_an_encoder_on_given_text_and_refuses_without_it(tiny_
     rotated = SentenceTransformer(str(tmp_path / "ordered"), device="cpu").encode(TEXTS)
     np.testing.assert_allclose(_unit(rotated) @ _unit(rotated).T, _unit(pooled) @ _unit(pooled).T, atol=1e-5)
     assert not np.allclose(rotated, pooled, atol=1e-3)
+    # a checkpoint needs no --data: it fits on its run's own training text
+    from_ckpt = CliRunner().invoke(main, ["export", str(out / "run/checkpoints"), "-o", str(tmp_path / "ckpt"),
+                                          "--order-dims", "pca"])
+    assert from_ckpt.exit_code == 0, from_ckpt.output
+    assert json.loads((tmp_path / "ckpt/adapt_export.json").read_text())["order_dims"]["texts"] == 40
 
 
 def test_a_bf16_export_carries_the_rotation_in_the_backbones_dtype(tmp_path, tokenizer):
