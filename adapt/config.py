@@ -273,11 +273,16 @@ class SpladeConfig:
     term_bias: bool = _help("learn one bias per vocabulary term, added to the head's logits before relu: a "
                             "decoder's LM head has none, and its logits are mostly positive, so without it nearly "
                             "every term is active in every text (measured: 48k of 49k on SmolLM2)", True)
+    queries: str = _help("encoder: queries go through the model like documents; idf: inference-free queries, "
+                         "each token's BM25 IDF over the training documents, no model run (sentence-transformers' "
+                         "SparseStaticEmbedding behind a Router, as OpenSearch's inference-free encoders): only "
+                         "documents are encoded by the model, at training and at search time", "encoder")
     init_active_terms: int = _help("the term bias starts at minus each term's mean pooled logit over a calibration "
                                    "batch of the training texts, shifted so that a text has about this many active "
                                    "terms; training (and FLOPS) moves it from there", 256)
 
     def __post_init__(self):
+        _check(self.queries in ("encoder", "idf"), f"splade.queries must be 'encoder' or 'idf', not {self.queries!r}")
         _check(self.init_active_terms > 0, f"splade.init_active_terms must be a positive number of terms, not "
                f"{self.init_active_terms!r}")
         _check(self.lambda_q >= 0 and self.lambda_d >= 0, "splade.lambda_q and splade.lambda_d must be 0 or more")

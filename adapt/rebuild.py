@@ -45,6 +45,7 @@ class CheckpointModel:
     checkpoint: Path
     matryoshka_dims: list[int]  # sizes the run trained for truncation ([] for none)
     term_bias: torch.Tensor | None = None  # a splade stage's trained per-term bias (adapt.splade.SparseLM)
+    query_idf: torch.Tensor | None = None  # a splade stage's inference-free queries' IDF weights
 
 
 def _strip_prefix(saved_keys, wanted_keys) -> str:
@@ -89,6 +90,8 @@ def load_checkpoint_model(checkpoint) -> CheckpointModel:
         prefix = _strip_prefix(saved_keys, wanted)
         bias_key = next((k for k in ("term_bias", "module.term_bias") if k in saved_keys), None)
         term_bias = None if bias_key is None else f.get_tensor(bias_key).float()
+        idf_key = next((k for k in ("query_idf", "module.query_idf") if k in saved_keys), None)
+        query_idf = None if idf_key is None else f.get_tensor(idf_key).float()
         loaded, skipped = {}, 0
         for key in saved_keys:
             name = key[len(prefix):] if key.startswith(prefix) else None
@@ -113,7 +116,8 @@ def load_checkpoint_model(checkpoint) -> CheckpointModel:
         model = model.merge_and_unload()
     model.eval()
     return CheckpointModel(model=model, tokenizer=tokenizer, config=cfg, step=int(step), checkpoint=ckpt,
-                           matryoshka_dims=objective.matryoshka_dims(), term_bias=term_bias)
+                           matryoshka_dims=objective.matryoshka_dims(), term_bias=term_bias,
+                           query_idf=query_idf)
 
 
 def _model_folder(source: Path) -> Path:
@@ -279,6 +283,7 @@ def _export_checkpoint(ckpt: Path, out_dir, *, pooling, normalize, max_seq_lengt
     exp = cfg.export
     if kind == SPARSE or (kind is None and build_objective(cfg).export_kind == SPARSE):
         return export_sparse(loaded.model, loaded.tokenizer, out_dir, term_bias=loaded.term_bias,
+                             query_idf=loaded.query_idf,
                              top_k=top_k if top_k is not None else
                              cfg.splade.top_k, max_seq_length=max_seq_length or exp.max_seq_length,
                              prompts=(exp.prompts or None) if prompts is None else prompts,

@@ -149,8 +149,9 @@ def run_stage(cfg: RunConfig, out, *, resume: bool = False, overwrite: bool = Fa
         common = dict(max_seq_length=cfg.export.max_seq_length, prompts=prompts or None, dtype=cfg.export.dtype,
                       card={**summary, "recipe": cfg.to_dict()}, source=cfg.model.source)
         if objective.export_kind == SPARSE:
-            term_bias = getattr(acc.unwrap_model(trainer.module), "term_bias", None)
-            export_sparse(merged, tokenizer, out, top_k=cfg.splade.top_k, term_bias=term_bias, **common)
+            sparse = acc.unwrap_model(trainer.module)
+            export_sparse(merged, tokenizer, out, top_k=cfg.splade.top_k, term_bias=getattr(sparse, "term_bias", None),
+                          query_idf=getattr(sparse, "query_idf", None), **common)
         else:
             rotation, order = ordered_dims(cfg, merged, tokenizer, prompts)
             export_encoder(merged, tokenizer, out, pooling=cfg.export.pooling, normalize=cfg.export.normalize,

@@ -30,6 +30,7 @@ from adapt.io_utils import atomic_path
 from adapt.loading import parse_dtype
 
 FORMATS = (".jsonl", ".parquet")
+ROUTES = ("query", "document")  # the names adapt bench and --prompt give texts; a router routes on them
 
 
 @dataclass
@@ -42,6 +43,11 @@ class SparseModel:
     _tokens: dict = field(default_factory=dict)
 
     @property
+    def routed(self) -> bool:
+        """Whether queries and documents take different routes (inference-free queries)."""
+        return type(self.encoder[0]).__name__ == "Router"
+
+    @property
     def dim(self) -> int:
         return int(self.encoder.get_embedding_dimension())
 
@@ -52,10 +58,11 @@ class SparseModel:
         filler = next((t for t in (tok.eos_token, tok.bos_token, tok.pad_token) if t), " ")
         self.empty += sum(1 for t in texts if not t)
         texts = [t if t else filler for t in texts]
+        task = prompt_name if prompt_name in ROUTES else None  # a router's route (inference-free queries)
         prompt_name = prompt_name if prompt_name in (self.encoder.prompts or {}) else None
         if not texts:
             return csr_matrix((0, self.dim), dtype=np.float32)
-        vectors = self.encoder.encode(texts, batch_size=batch_size, prompt_name=prompt_name,
+        vectors = self.encoder.encode(texts, batch_size=batch_size, prompt_name=prompt_name, task=task,
                                       convert_to_sparse_tensor=True, show_progress_bar=False)
         vectors = vectors.detach().to("cpu", torch.float32).coalesce()
         rows, cols = vectors.indices().numpy()
@@ -151,7 +158,7 @@ def embed_sparse(source, texts: Iterable[str], output_path=None, *, n: int | Non
     check_sparse_output(output_path)
     start = time.perf_counter()
     model = load_sparse(source, dtype=dtype, device=device, max_length=max_length)
-    if prompt_name and prompt_name not in (model.encoder.prompts or {}):
+    if prompt_name and prompt_name not in (model.encoder.prompts or {}) and not (model.routed and prompt_name in ROUTES):
         raise ConfigError(f"{model.name} has no prompt named {prompt_name!r}; its prompts: "
                           f"{', '.join(model.encoder.prompts or {}) or 'none'}")
     texts, total = iter(texts), n

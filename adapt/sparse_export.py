@@ -8,6 +8,11 @@ No custom code and no ``trust_remote_code``: sentence-transformers' own modules,
     families (GPT-2), -> SpladePooling("max", "relu")
     and a term bias
 
+Inference-free queries (``splade.queries: idf``) put both behind a ``Router``: queries go to a
+``SparseStaticEmbedding`` of the terms' IDF (no model run), documents to the modules above, whose Transformer
+the router finds at the root (its route's module path is the folder itself), so the root stays a causal-LM
+folder that transformers and a re-export load.
+
 A SPLADE stage's trained term bias (:class:`adapt.splade.SparseLM`) goes into the Dense layer's bias, with
 the head's own bias and the scalar some families multiply their logits by (:func:`adapt.arch.head_logit_scale`)
 folded in; a family that soft-caps its logits cannot carry one (refused).
@@ -38,11 +43,13 @@ from adapt.export import MANIFEST, export_target, pin_attention, prepare_tokeniz
 from adapt.heads import save_lm_head
 from adapt.io_utils import read_json
 from adapt.loading import load_decoder, parse_dtype
+from adapt.splade import query_prefix
 
 SPARSE = "sparse"
 POOLING = "splade-max"  # max over tokens of log1p(relu(logits)), as adapt.splade.splade_pool
 _LOGITS = {"text": {"method": "forward", "method_output_name": "logits"}}
 _HIDDEN = {"text": {"method": "forward", "method_output_name": "last_hidden_state"}}
+ROUTER_CONFIG = "router_config.json"
 _PADDING_TEXTS = ("A short text.", "A much longer text, with many more words in it, so that the short one is padded "
                   "when the two are encoded together in one batch.")
 
@@ -96,12 +103,14 @@ def _causal_lm(model):
 
 def export_sparse(model, tokenizer, out_dir, *, top_k: int | None = None, max_seq_length: int = 512,
                   prompts: dict[str, str] | None = None, dtype=None, card: dict | None = None,
-                  source: str | None = None, term_bias: torch.Tensor | None = None) -> Path:
+                  source: str | None = None, term_bias: torch.Tensor | None = None,
+                  query_idf: torch.Tensor | None = None) -> Path:
     """Write ``model`` (a bidirectional causal LM with its head, in memory) to ``out_dir`` as a SPLADE SparseEncoder.
 
     ``top_k``: keep each vector's k largest weights (``max_active_dims``). ``dtype``: bf16/fp16/fp32 for the
     saved weights (None keeps the model's). ``term_bias`` (V): added to the logits before relu, as a SPLADE
-    stage trains it. Raises :class:`NotBidirectionalError` (``out_dir`` unchanged) if the reloaded folder is
+    stage trains it. ``query_idf`` (V): inference-free queries weighted by it (a ``Router``; the query prompt
+    gets the leading space :func:`adapt.splade.query_prefix` asks for). Raises :class:`NotBidirectionalError` (``out_dir`` unchanged) if the reloaded folder is
     causal, :class:`ModelLoadError` if its vectors depend on padding.
     """
     if top_k is not None and (isinstance(top_k, bool) or int(top_k) <= 0):
@@ -115,6 +124,14 @@ def export_sparse(model, tokenizer, out_dir, *, top_k: int | None = None, max_se
         if term_bias.shape[0] != vocab:
             raise ConfigError(f"term_bias has {term_bias.shape[0]} terms and the LM head {vocab}: it belongs to "
                               "another model")
+    if query_idf is not None:
+        query_idf = query_idf.detach().float().cpu().flatten()
+        if query_idf.shape[0] != vocab:
+            raise ConfigError(f"query_idf has {query_idf.shape[0]} terms and the LM head {vocab}: it belongs to "
+                              "another model")
+        prefix, prompts = query_prefix(tokenizer), dict(prompts or {})
+        if prefix and not prompts.get("query", "").startswith(prefix):
+            prompts["query"] = prefix + prompts.get("query", "")
     out_dir, max_seq_length = export_target(lm, out_dir, max_seq_length)
     attn, model_dtype = preferred_attention(config), parse_dtype(dtype) or next(lm.parameters()).dtype
     dense = term_bias is not None or facts_for(config).absolute_positions
@@ -136,11 +153,13 @@ def export_sparse(model, tokenizer, out_dir, *, top_k: int | None = None, max_se
         finally:
             config.pad_token_id = saved
         head = _dense_head(lm.get_output_embeddings(), scale, term_bias) if dense else None
-        _build(stage, built, head=head, attn=attn, dtype=model_dtype, top_k=top_k, prompts=prompts, vocab=vocab)
+        _build(stage, built, head=head, attn=attn, dtype=model_dtype, top_k=top_k, prompts=prompts, vocab=vocab,
+               query_idf=query_idf)
         if dense:  # the root holds the backbone only: an untied head goes beside it, for a re-export
             save_lm_head(lm, built)
         report = probe_sparse_folder(built, where=f"sparse export to {out_dir}")
         manifest = {"adapt_export": 1, "kind": SPARSE, "layout": layout, "term_bias": term_bias is not None,
+                    "queries": "idf" if query_idf is not None else "encoder",
                     "source": source, "pooling": POOLING,
                     "normalize": False, "top_k": top_k, "dtype": str(model_dtype).removeprefix("torch."),
                     "max_seq_length": max_seq_length, "attn_implementation": attn, "prompts": prompts or {},
@@ -169,8 +188,7 @@ def trained_term_bias(folder, lm) -> torch.Tensor | None:
     folder = Path(folder)
     if not read_json(folder / MANIFEST).get("term_bias"):
         return None
-    modules = json.loads((folder / "modules.json").read_text(encoding="utf-8"))
-    dense = next((m["path"] for m in modules if str(m.get("type", "")).endswith("Dense")), None)
+    dense = next((path for path, kind in _module_types(folder) if kind.endswith("Dense")), None)
     path = folder / str(dense) / "model.safetensors"
     if dense is None or not path.is_file():
         raise ModelLoadError(f"{folder}: its adapt_export.json says it has a term bias, but it has no Dense layer "
@@ -181,11 +199,12 @@ def trained_term_bias(folder, lm) -> torch.Tensor | None:
     return bias if head.bias is None else bias - head.bias.detach().float() * (head_logit_scale(lm.config) or 1.0)
 
 
-def _build(stage: Path, built: Path, *, head, attn: str, dtype, top_k, prompts, vocab: int) -> None:
+def _build(stage: Path, built: Path, *, head, attn: str, dtype, top_k, prompts, vocab: int,
+           query_idf: torch.Tensor | None = None) -> None:
     """Assemble the SparseEncoder's modules from the staged causal LM and save them to ``built``."""
     from sentence_transformers import SparseEncoder
-    from sentence_transformers.base.modules import Dense, Transformer
-    from sentence_transformers.sparse_encoder.modules import SpladePooling
+    from sentence_transformers.base.modules import Dense, Router, Transformer
+    from sentence_transformers.sparse_encoder.modules import SparseStaticEmbedding, SpladePooling
 
     kwargs = {"attn_implementation": attn, "dtype": dtype}
     if head is None:  # the causal LM itself, every position's logits
@@ -201,15 +220,74 @@ def _build(stage: Path, built: Path, *, head, attn: str, dtype, top_k, prompts, 
                       module_input_name="token_embeddings")
         modules = [transformer, dense.to(dtype)]
     modules.append(SpladePooling(pooling_strategy="max", activation_function="relu", embedding_dimension=vocab))
+    if query_idf is not None:
+        from transformers import AutoTokenizer
+
+        idf = SparseStaticEmbedding(AutoTokenizer.from_pretrained(str(stage)), weight=query_idf.clone(), frozen=True)
+        modules = [Router.for_query_document(query_modules=[idf], document_modules=modules)]
     encoder = SparseEncoder(modules=modules, prompts=dict(prompts or {}), similarity_fn_name="dot",
                             max_active_dims=top_k, device="cpu")
     encoder.save(str(built), create_model_card=False)
+    if query_idf is not None:
+        _document_transformer_to_root(built)
     pin_attention(built, attn)
     if attn != "sdpa":  # as adapt.export: sentence-transformers passes model_kwargs to from_pretrained on load
         path = built / Transformer.config_file_name
         st_config = json.loads(path.read_text(encoding="utf-8"))
         st_config["model_kwargs"] = {"attn_implementation": attn}
         path.write_text(json.dumps(st_config, indent=4) + "\n", encoding="utf-8")
+
+
+def _document_transformer_to_root(built: Path) -> None:
+    """Move the router's document Transformer (the causal LM) from its module folder to the root and point the
+    router there ("" is the folder itself), so the root is the model folder it is without a router."""
+    path = built / ROUTER_CONFIG
+    config = json.loads(path.read_text(encoding="utf-8"))
+    name = config["structure"]["document"][0]
+    for item in (built / name).iterdir():
+        item.rename(built / item.name)
+    (built / name).rmdir()
+    config["types"] = {("" if k == name else k): v for k, v in config["types"].items()}
+    config["structure"] = {route: ["" if m == name else m for m in ids] for route, ids in config["structure"].items()}
+    path.write_text(json.dumps(config, indent=4) + "\n", encoding="utf-8")
+
+
+def _module_types(folder: Path) -> list[tuple[str, str]]:
+    """(path, type) of every module of the SparseEncoder in ``folder``, a router's route modules included."""
+    modules = json.loads((folder / "modules.json").read_text(encoding="utf-8"))
+    found = [(str(m.get("path", "")), str(m.get("type", ""))) for m in modules]
+    if (folder / ROUTER_CONFIG).is_file():
+        found += list(json.loads((folder / ROUTER_CONFIG).read_text(encoding="utf-8"))["types"].items())
+    return found
+
+
+def _router(encoder):
+    from sentence_transformers.base.modules import Router
+
+    return encoder[0] if isinstance(encoder[0], Router) else None
+
+
+def document_model(encoder):
+    """The transformers model a SparseEncoder runs on documents (behind a router, its document route's)."""
+    router = _router(encoder)
+    return (router.sub_modules["document"][0] if router is not None else encoder[0]).model
+
+
+def trained_query_idf(folder) -> torch.Tensor | None:
+    """The inference-free queries' IDF weights of the sparse export in ``folder`` (its router's query module), or
+    None when its queries go through the model."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    if not (folder / ROUTER_CONFIG).is_file():
+        return None
+    config = json.loads((folder / ROUTER_CONFIG).read_text(encoding="utf-8"))
+    name = next((k for k, v in config["types"].items() if v.endswith("SparseStaticEmbedding")), None)
+    path = folder / str(name) / "model.safetensors"
+    if name is None or not path.is_file():
+        raise ModelLoadError(f"{folder}: its router has no IDF query module weights ({path}); export it again "
+                             "from the run")
+    return load_file(str(path))["weight"].float()
 
 
 def probe_sparse_folder(folder, *, where: str = ""):
@@ -221,7 +299,7 @@ def probe_sparse_folder(folder, *, where: str = ""):
         encoder = SparseEncoder(str(folder), device="cpu", model_kwargs={"dtype": torch.float32})
     except Exception as err:  # noqa: BLE001 - any load failure means the export is unusable
         raise ModelLoadError(f"{where or folder}: sentence-transformers cannot load the sparse export: {err}") from err
-    report = assert_bidirectional(encoder[0].model, where=where)
+    report = assert_bidirectional(document_model(encoder), where=where)
     flags = dict(convert_to_tensor=True, convert_to_sparse_tensor=False, show_progress_bar=False)
     together = encoder.encode(list(_PADDING_TEXTS), **flags)
     alone = torch.stack([encoder.encode([t], **flags)[0] for t in _PADDING_TEXTS])
@@ -249,7 +327,8 @@ def reexport_sparse(source, out_dir, *, top_k=None, max_seq_length=None, prompts
         raise NotBidirectionalError(f"{source} is a causal '{model.config.model_type}' model (config.is_causal is not "
                                     "False): convert it with `adapt convert` before exporting it")
     term_bias = trained_term_bias(source, model) if was_sparse else None
-    return export_sparse(model, tokenizer, out_dir, term_bias=term_bias,
+    query_idf = trained_query_idf(source) if was_sparse else None
+    return export_sparse(model, tokenizer, out_dir, term_bias=term_bias, query_idf=query_idf,
                          top_k=top_k if top_k is not None else (previous.get("top_k") if was_sparse else None),
                          max_seq_length=max_seq_length or previous.get("max_seq_length") or 512,
                          prompts=previous.get("prompts") if prompts is None else prompts,

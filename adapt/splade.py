@@ -11,6 +11,13 @@ term active in every text. A learned per-term bias ``b`` fixes that: ``w_j = log
 b_j))`` (the bias commutes with the max, so it is added to the (B, V) result), started by
 :func:`calibrate_term_bias` at minus each term's mean pooled logit (an IDF-like start: a term counts where a
 text raises it above its usual level), shifted so that a text has about ``k`` active terms.
+
+Inference-free queries (``splade.queries: idf``, as OpenSearch's inference-free sparse encoders): a query's
+vector is the IDF of each of its tokens, no model run (sentence-transformers' ``SparseStaticEmbedding``, which
+computes exactly :func:`idf_vectors`); only documents go through the model. The IDF is BM25's, counted over
+the stage's training documents (:func:`idf_weights`). Byte-level BPE tokenizers spell a word differently at
+the start of a text ("fox") than after a space ("Ġfox", as inside documents), so queries get a leading space
+there (:func:`query_prefix`, exported as the query prompt).
 """
 from __future__ import annotations
 
@@ -43,6 +50,44 @@ def calibrate_term_bias(pooled: torch.Tensor, active_terms: int) -> torch.Tensor
     k = max(1, min(centred.numel() - 1, int(active_terms) * pooled.shape[0]))
     shift = centred.flatten().topk(k + 1).values[-2:].mean()  # between the k-th and (k+1)-th largest
     return -(pooled.mean(dim=0) + shift)
+
+
+def query_prefix(tokenizer) -> str:
+    """" " where the tokenizer spells a word at the start of a text with another token than after a space
+    (byte-level BPE), so that a query's first word gets the id it has inside documents; "" otherwise."""
+    alone = tokenizer("fox", add_special_tokens=False)["input_ids"]
+    spaced = tokenizer(" fox", add_special_tokens=False)["input_ids"]
+    return " " if alone != spaced and len(alone) == len(spaced) else ""
+
+
+def idf_weights(tokenizer, texts: list[str], vocab: int, prefix: str = "") -> torch.Tensor:
+    """BM25's IDF of every vocabulary term over ``texts`` (tokenized as the query route tokenizes them, after
+    ``prefix``): log(1 + (N - df + 0.5) / (df + 0.5)); 0 for special tokens and ids the tokenizer never gives.
+    A term absent from ``texts`` gets the largest weight, as BM25 gives a word seen in no document."""
+    if not texts:
+        raise ValueError("idf_weights needs at least one text")
+    df = torch.zeros(vocab, dtype=torch.float64)
+    for start in range(0, len(texts), 512):
+        batch = [prefix + t for t in texts[start:start + 512]]
+        for ids in tokenizer(batch, add_special_tokens=False)["input_ids"]:
+            seen = sorted({i for i in ids if i < vocab})
+            df[seen] += 1
+    n = len(texts)
+    idf = torch.log1p((n - df + 0.5) / (df + 0.5))
+    idf[[i for i in tokenizer.all_special_ids if i < vocab]] = 0
+    idf[len(tokenizer):] = 0
+    return idf.float()
+
+
+def idf_vectors(tokenizer, texts: list[str], idf: torch.Tensor, prefix: str = "", device=None) -> torch.Tensor:
+    """(N, V) inference-free query vectors: each token present in ``prefix + text`` weighted by its ``idf``, as
+    sentence-transformers' ``SparseStaticEmbedding`` computes them (no special tokens, truncated to the
+    tokenizer's ``model_max_length``)."""
+    enc = tokenizer([prefix + t for t in texts], add_special_tokens=False, truncation=True, padding=True,
+                    return_tensors="pt")
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    presence = torch.zeros(len(texts), idf.shape[0], dtype=torch.long).scatter_(1, ids, mask)
+    return (presence * idf.detach().float().cpu()).to(device or idf.device)
 
 
 def flops(weights: torch.Tensor) -> torch.Tensor:
@@ -84,14 +129,16 @@ def keep_top_k(weights: torch.Tensor, k: int | None) -> torch.Tensor:
 class SparseLM(torch.nn.Module):
     """``(input_ids, attention_mask) -> (B, V)`` SPLADE weights of a causal LM (or its peft wrapper), computed as
     the exported sparse encoder computes them. Holds the model so Accelerate/DDP wrap one module, and the
-    trainable ``term_bias`` (V, fp32) when given one (``raw=True``: the pooled logits, no bias nor relu)."""
+    trainable ``term_bias`` (V, fp32) when given one (``raw=True``: the pooled logits, no bias nor relu), and the
+    inference-free queries' ``query_idf`` (V, a buffer: checkpointed, not trained) when given one."""
 
-    def __init__(self, model, term_bias: torch.Tensor | None = None):
+    def __init__(self, model, term_bias: torch.Tensor | None = None, query_idf: torch.Tensor | None = None):
         super().__init__()
         self.model = model
         config = model.get_base_model().config if hasattr(model, "get_base_model") else model.config
         self.absolute = facts_for(config).absolute_positions
         self.term_bias = None if term_bias is None else torch.nn.Parameter(term_bias.detach().float().clone())
+        self.register_buffer("query_idf", None if query_idf is None else query_idf.detach().float().clone())
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, raw: bool = False) -> torch.Tensor:
         kwargs = {"position_ids": position_ids_from_mask(attention_mask)} if self.absolute else {}

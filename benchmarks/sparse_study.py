@@ -47,8 +47,9 @@ def convert(out: Path, overrides: list[str]) -> None:
                resume=(out / "run" / "stages").is_dir(), show_progress=True)
 
 
-def exports(run: Path) -> dict[str, Path]:
-    """The encoders to compare, exported next to the run when missing; label -> folder."""
+def exports(run: Path, lean: bool = False) -> dict[str, Path]:
+    """The encoders to compare, exported next to the run when missing; label -> folder (``lean``: the run's own
+    sparse encoder only)."""
     from adapt.rebuild import export_from_path
     from adapt.sparse_export import is_sparse_folder
 
@@ -56,13 +57,17 @@ def exports(run: Path) -> dict[str, Path]:
     if not is_sparse_folder(run) or not first:
         raise SystemExit(f"{run} is not an mlm,splade run folder (a sparse OUT with OUT/stages/1-*)")
     mlm = first[0]
+    queries = json.loads((run / "adapt_export.json").read_text()).get("queries", "encoder")
+    label = "SPLADE (mlm then splade, IDF queries)" if queries == "idf" else "SPLADE (mlm then splade)"
+    if lean:
+        return {label: run}
     pruned, raw_head = run.parent / f"{run.name}-top{TOP_K}", run.parent / f"{run.name}-mlm-head"
     if not (pruned / "modules.json").exists():
         export_from_path(run, pruned, kind="sparse", top_k=TOP_K)
     if not (raw_head / "modules.json").exists():
         export_from_path(mlm, raw_head, kind="sparse")
     # labels go into model specs (SOURCE@label=...): no commas
-    return {"SPLADE (mlm then splade)": run, f"SPLADE top-{TOP_K}": pruned,
+    return {label: run, f"SPLADE top-{TOP_K}": pruned,
             "MLM head as SPLADE (no splade stage)": raw_head, f"dense MLM ({mlm.name} mean)": mlm}
 
 
@@ -132,6 +137,8 @@ def main() -> None:
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--split", choices=["test", "dev"], default="test")
     ap.add_argument("--limit", type=int, help="examples per task (quicker, noisier)")
+    ap.add_argument("--lean", action="store_true", help="score the run's sparse encoder and the references only "
+                    "(no top-k copy, no raw MLM head, no dense MLM row)")
     ap.add_argument("--name", default="sparse_study", help="results file stem under benchmarks/results/")
     args = ap.parse_args()
 
@@ -142,7 +149,7 @@ def main() -> None:
     if not args.run:
         convert(run, args.overrides)
     convert_s = round(time.perf_counter() - t0, 1)
-    encoders = exports(run)
+    encoders = exports(run, args.lean)
     tasks = [t if args.split == "test" else f"{t}-dev" for t in RETRIEVAL]
     t1 = time.perf_counter()
     report = run_bench([f"{path}@label={label}" for label, path in encoders.items()], tasks=tasks,
@@ -150,8 +157,7 @@ def main() -> None:
                        update_cards=False)
     resolved = {t: resolve_task(t) for t in tasks}
     resolved = {t: (task.limited(args.limit) if args.limit else task) for t, task in resolved.items()}
-    dense_dim = json.loads((encoders[next(k for k in encoders if k.startswith("dense"))] / "config.json")
-                           .read_text()).get("hidden_size")
+    dense_dim = json.loads((run / "config.json").read_text()).get("hidden_size")  # the decoder's, as dense
     rows, models = [], list(dict.fromkeys(r["model"] for r in report.rows if r.get("kind") != "average"))
     for model in models:
         for task in tasks:

@@ -17,6 +17,10 @@ trains them for retrieval:
 - Gradient caching (``contrastive.mini_batch``, ``train.grad_accum``) as the contrastive stages have it:
   both terms of the loss are functions of the vectors, so the cache is exact.
 
+- ``splade.queries: idf``: inference-free queries, each token's IDF over the training documents
+  (:func:`adapt.splade.idf_vectors`), no model run; only the documents go through the model (half the
+  forward passes), and only their FLOPS counts. The export routes queries to sentence-transformers'
+  ``SparseStaticEmbedding`` and documents to the model (a ``Router``).
 - A per-term bias (``splade.term_bias``, on by default) added to the pooled logits before relu, started
   from a calibration batch of the training texts at about ``splade.init_active_terms`` active terms per
   text (:func:`adapt.splade.calibrate_term_bias`), then trained with the rest: a decoder's head has no
@@ -42,7 +46,8 @@ from adapt.objectives import StageContext, StepOutput
 from adapt.objectives.contrastive import Contrastive
 from adapt.objectives.crops import EVAL_STREAM, Crops
 from adapt.objectives.infonce import all_gather_rows, false_negative_mask
-from adapt.splade import SparseLM, active_terms, calibrate_term_bias, flops, ranking_loss, regularizer_scale
+from adapt.splade import (SparseLM, active_terms, calibrate_term_bias, flops, idf_vectors, idf_weights, query_prefix,
+                          ranking_loss, regularizer_scale)
 
 KINDS = {"splade": {}}
 CALIBRATION_STREAM = 2  # the crops of the term bias's calibration batch: their own random stream
@@ -67,13 +72,39 @@ class Splade(Crops):
         self.example_name = "pairs" if self.c.loss == "pairs" else "documents"
         self.warmup_steps = round(self.s.lambda_warmup * cfg.train.max_steps)
         self._scale = 0.0
+        self.idf_queries = self.s.queries == "idf"
+        self._idf, self._prefix, self._n_queries, self._query_vectors = None, "", 0, None
 
     # ---- data: pairs (contrastive) or crops --------------------------------------------------
     def load_examples(self):
         return Contrastive.load_examples(self) if self.c.loss == "pairs" else Crops.load_examples(self)
 
     def texts(self, examples):
-        return Contrastive.texts(self, examples) if self.c.loss == "pairs" else Crops.texts(self, examples)
+        out = Contrastive.texts(self, examples) if self.c.loss == "pairs" else Crops.texts(self, examples)
+        self._n_queries = out[1]  # for chunks(): inference-free queries do not go through the model
+        return out
+
+    def documents(self) -> list[str]:
+        """The training documents the inference-free queries' IDF is counted over (crops: the documents; pairs:
+        positives and hard negatives, each once)."""
+        if self.c.loss != "pairs":
+            return list(self.train_set)
+        return list(dict.fromkeys(d for p in self.train_set for d in [p.positive, *p.negatives]))
+
+    def chunks(self, texts: list[str], device):
+        """As the contrastive stages cut them; with inference-free queries, the queries' IDF vectors are made here
+        (kept for the loss) and only the documents are cut into chunks for the model."""
+        if not self.idf_queries:
+            return super().chunks(texts, device)
+        n = self._n_queries
+        self._query_vectors = idf_vectors(self.tokenizer, texts[:n], self._idf, self._prefix, device)
+        return super().chunks(texts[n:], device)
+
+    def split(self, weights: torch.Tensor, n_queries: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(queries, documents) of a batch's vectors in text order: the inference-free queries are kept aside."""
+        if self.idf_queries:
+            return self._query_vectors.to(weights.device), weights
+        return weights[:n_queries], weights[n_queries:]
 
     # ---- model and loss -----------------------------------------------------------------------
     def configure_model(self, model, tokenizer) -> list[int]:
@@ -88,9 +119,15 @@ class Splade(Crops):
         self._accelerator = ctx.accelerator
 
     def module(self, model) -> torch.nn.Module:
-        if not self.s.term_bias:
-            return SparseLM(model)
-        return SparseLM(model, self.calibrate(SparseLM(model)))
+        if self.idf_queries:
+            head = model.get_output_embeddings()
+            vocab = head.weight.shape[0] if head is not None else model.config.vocab_size
+            self._prefix = query_prefix(self.tokenizer)
+            self._idf = idf_weights(self.tokenizer, self.documents(), vocab, self._prefix)
+            log.info("splade queries: IDF over %d training documents%s", len(self.documents()),
+                     ", after a leading space" if self._prefix else "")
+        bias = self.calibrate(SparseLM(model)) if self.s.term_bias else None
+        return SparseLM(model, bias, query_idf=self._idf)
 
     @torch.no_grad()
     def calibrate(self, sparse: SparseLM) -> torch.Tensor:
@@ -112,7 +149,7 @@ class Splade(Crops):
             self._rng = rng
         was_training = sparse.training
         sparse.eval()
-        texts = texts[:CALIBRATION_TEXTS]  # in chunks of 8: a (B, T, V) logits tensor is large
+        texts = texts[:CALIBRATION_TEXTS] if not self.idf_queries else texts[self._n_queries:][:CALIBRATION_TEXTS]  # in chunks of 8: a (B, T, V) logits tensor is large
         pooled = torch.cat([sparse(**tokenize(self.tokenizer, texts[s:s + 8], self.c.max_length, device), raw=True)
                             for s in range(0, len(texts), 8)])
         sparse.train(was_training)
@@ -126,8 +163,7 @@ class Splade(Crops):
 
         def fn(weights):  # (queries + documents, V), the chunks' order undone by `inverse`
             dev = weights.device
-            weights = weights[inverse]
-            queries, docs = weights[:n_queries], weights[n_queries:]
+            queries, docs = self.split(weights[inverse], n_queries)
             candidates, keys, offset = docs, torch.tensor(doc_keys, dtype=torch.long, device=dev), 0
             if gather:
                 candidates, offset = all_gather_rows(docs)
@@ -135,7 +171,8 @@ class Splade(Crops):
             targets = offset + torch.arange(n_queries, device=dev)
             mask = false_negative_mask(torch.tensor(positive_keys, dtype=torch.long, device=dev), keys, targets)
             loss, correct = ranking_loss(queries, candidates, targets, mask)
-            return loss + lambda_q * flops(queries) + lambda_d * flops(docs), correct
+            regularizer = lambda_d * flops(docs) + (0.0 if self.idf_queries else lambda_q * flops(queries))
+            return loss + regularizer, correct
         return fn
 
     def step(self, module, accelerator, step: int) -> StepOutput:
@@ -166,7 +203,7 @@ class Splade(Crops):
                 if k >= len(batches):
                     continue
                 dev = weights.device
-                queries, docs = weights[:n_queries], weights[n_queries:]
+                queries, docs = self.split(weights, n_queries)
                 targets = torch.arange(n_queries, device=dev)
                 mask = false_negative_mask(torch.tensor(positive_keys, device=dev), torch.tensor(doc_keys, device=dev),
                                            targets)
@@ -184,7 +221,7 @@ class Splade(Crops):
     def summary(self) -> dict:
         s = self.s
         return {"pairs_from": self.c.loss, "lambda_q": s.lambda_q, "lambda_d": s.lambda_d,
-                "lambda_warmup_steps": self.warmup_steps, "top_k": s.top_k, "term_bias": s.term_bias,
+                "lambda_warmup_steps": self.warmup_steps, "top_k": s.top_k, "term_bias": s.term_bias, "queries": s.queries,
                 "init_active_terms": s.init_active_terms if s.term_bias else None, "batch_per_process": self.batch,
                 "mini_batch": self.mini_batch, "data": self.counts, "train_examples": len(self.train_set),
                 "eval_examples": len(self.eval_set)}
