@@ -150,3 +150,39 @@ def test_mlm_then_inference_free_splade_trains_documents_only_and_exports_a_rout
     torch.testing.assert_close(_dense(SparseEncoder(str(again), device="cpu").encode_query(QUERIES,
                                                                                             convert_to_tensor=True)),
                                queries)
+
+
+@needs_st
+def test_bench_and_embed_send_queries_to_the_idf_route_and_documents_to_the_model(tokenizer, tmp_path):
+    import numpy as np
+
+    from adapt.bench import RetrievalTask, run_bench
+    from adapt.sparse_embed import embed_sparse
+
+    model = make_bidirectional(tiny_decoder("qwen3", vocab_size=len(tokenizer)))
+    vocab = model.get_output_embeddings().weight.shape[0]
+    idf = idf_weights(tokenizer, DOCS, vocab, " ")
+    folder = export_sparse(model, tokenizer, tmp_path / "splade", query_idf=idf)
+    retrieval = RetrievalTask(name="toy-retrieval", query_ids=[f"q{i}" for i in range(3)], queries=QUERIES,
+                              corpus_ids=[f"d{i}" for i in range(4)], corpus=DOCS,
+                              qrels={"q0": {"d0": 1.0}, "q1": {"d1": 1.0}, "q2": {"d3": 1.0}})
+    report = run_bench([str(folder)], tasks=[retrieval], out_dir=tmp_path / "bench", show_progress=False,
+                       use_cache=False)
+    rows = {r["metric"]: r["value"] for r in report.rows if r["model"] == "splade" and r["task"] == "toy-retrieval"}
+    queries = idf_vectors(tokenizer, QUERIES, idf, " ").numpy()
+    with torch.no_grad():
+        corpus = SparseLM(model)(**tokenize(tokenizer, DOCS, 512)).numpy()
+    scores = queries @ corpus.T
+    order = np.argsort(-scores, 1, kind="stable")
+    expected, _ = retrieval.evaluate_ranking(np.where(np.take_along_axis(scores, order, 1) > 0, order, -1))
+    assert rows["ndcg@10"] == pytest.approx(expected["ndcg@10"], abs=1e-6)
+    assert rows["active_terms_query"] == pytest.approx(float((queries > 0).sum(1).mean()))
+    assert rows["active_terms_doc"] == pytest.approx(float((corpus > 0).sum(1).mean()))
+    # adapt embed: --prompt query takes the IDF route, no prompt (or document) the model
+    out = tmp_path / "q.jsonl"
+    embed_sparse(folder, QUERIES, out, prompt_name="query")
+    first = json.loads(out.read_text().splitlines()[0])
+    assert sorted(first["indices"]) == sorted(np.flatnonzero(queries[0]).tolist())
+    embed_sparse(folder, DOCS, tmp_path / "d.jsonl")
+    doc = json.loads((tmp_path / "d.jsonl").read_text().splitlines()[0])
+    assert len(doc["indices"]) == int((corpus[0] > 0).sum())
