@@ -29,6 +29,16 @@ def test_preset_specifics():
     assert build_config("qlora").tuning.method == "qlora"
 
 
+def test_the_matryoshka_demo_is_the_demo_trained_at_every_size_and_ordered():
+    demo, mrl = build_config("demo").to_dict(), build_config("demo-matryoshka").to_dict()
+    assert mrl["contrastive"].pop("matryoshka_dims") == ["full", 288, 144, 64]
+    assert demo["contrastive"].pop("matryoshka_dims") == []
+    assert (mrl["export"].pop("order_dims"), demo["export"].pop("order_dims")) == ("pca", "none")
+    for cfg in (demo, mrl):
+        cfg.pop("description")
+    assert mrl == demo  # the same recipe otherwise: a change to the demo must be made to both
+
+
 def test_overrides_and_explicit_arguments():
     cfg = build_config("tiny", ["train.lr=0.5", "objective.schedule={mlm: 0.75, clm: 0.25}"], train__max_steps=9)
     assert cfg.train.lr == 0.5 and cfg.train.max_steps == 9
