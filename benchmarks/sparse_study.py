@@ -58,7 +58,7 @@ def exports(run: Path, lean: bool = False) -> dict[str, Path]:
         raise SystemExit(f"{run} is not an mlm,splade run folder (a sparse OUT with OUT/stages/1-*)")
     mlm = first[0]
     queries = json.loads((run / "adapt_export.json").read_text()).get("queries", "encoder")
-    label = "SPLADE (mlm then splade, IDF queries)" if queries == "idf" else "SPLADE (mlm then splade)"
+    label = "SPLADE (mlm then splade; IDF queries)" if queries == "idf" else "SPLADE (mlm then splade)"
     if lean:
         return {label: run}
     pruned, raw_head = run.parent / f"{run.name}-top{TOP_K}", run.parent / f"{run.name}-mlm-head"
