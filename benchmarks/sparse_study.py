@@ -71,6 +71,38 @@ def exports(run: Path, lean: bool = False) -> dict[str, Path]:
             "MLM head as SPLADE (no splade stage)": raw_head, f"dense MLM ({mlm.name} mean)": mlm}
 
 
+def token_bag_rows(run: Path, resolved: dict) -> list[dict]:
+    """A run with IDF queries against the bag of its documents' own tokens, no model: the queries as the run's
+    router encodes them, each document the tokens it holds (weight 1, after the same leading space). What the
+    model's document side has to beat by weighting and expanding terms."""
+    import numpy as np
+    from scipy.sparse import csr_matrix
+
+    from adapt.bench.sparse import rank_sparse
+    from adapt.sparse_export import trained_query_idf
+    from adapt.splade import idf_vectors, query_prefix
+    from transformers import AutoTokenizer
+
+    idf = trained_query_idf(run)
+    if idf is None:
+        return []
+    tok = AutoTokenizer.from_pretrained(str(run))
+    prefix = query_prefix(tok)
+    rows = []
+    for name, task in resolved.items():
+        queries = csr_matrix(idf_vectors(tok, task.queries, idf, prefix).numpy())
+        docs = [sorted({i for i in tok(prefix + d, add_special_tokens=False)["input_ids"] if i < len(idf)})
+                for d in task.corpus]
+        cols = np.array([i for ids in docs for i in ids], dtype=np.int64)
+        indptr = np.cumsum([0] + [len(ids) for ids in docs])
+        corpus = csr_matrix((np.ones(len(cols), dtype=np.float32), cols, indptr), shape=(len(docs), len(idf)))
+        scores, _ = task.evaluate_ranking(rank_sparse(queries, corpus))
+        rows.append({"model": "token bag (the run's IDF; no model)", "task": name, "ndcg@10": scores["ndcg@10"],
+                     "active_terms_query": float(np.diff(queries.indptr).mean()),
+                     "active_terms_doc": float(np.diff(corpus.indptr).mean()), "index_mb": corpus.nnz * 8 / 1e6})
+    return rows
+
+
 def dense_index_mb(dim: int, n_docs: int) -> float:
     return n_docs * dim * 4 / 1e6
 
@@ -174,6 +206,9 @@ def main() -> None:
                 dim = dense_dim if model.startswith("dense") else 384  # all-MiniLM-L6-v2
                 row["index_mb"] = dense_index_mb(dim, len(corpus))
             rows.append(row)
+    bag = token_bag_rows(run, resolved)
+    rows += bag
+    models += list(dict.fromkeys(r["model"] for r in bag))
     RESULTS.mkdir(parents=True, exist_ok=True)
     markdown = table(rows, models, tasks)
     (RESULTS / f"{args.name}.md").write_text(markdown + "\n" + report.markdown)
