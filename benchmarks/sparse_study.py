@@ -13,6 +13,9 @@ an existing run folder, and scores on the `standard` suite's retrieval tasks (Wo
     python benchmarks/sparse_study.py --split dev              # choose settings on the dev split
     python benchmarks/sparse_study.py --set splade.splade.lambda_d=1e-3 --out runs/sparse-study-l1e-3
     python benchmarks/sparse_study.py --run runs/my-mlm-splade  # an existing mlm,splade run folder
+    python benchmarks/sparse_study.py --set splade.splade.queries=idf --lean   # inference-free queries, the run alone
+
+A run with IDF queries is also compared with the bag of its documents' own tokens under the same queries (no model).
 
 Writes benchmarks/results/sparse_study.{json,md,png}: nDCG@10 per task, the average active terms per query
 and per document, and the index size (sparse: 4-byte term id + 4-byte weight per active term; dense: 4 bytes
