@@ -31,6 +31,20 @@ def _dense(vectors):
     return (vectors.to_dense() if vectors.is_sparse else vectors).float()
 
 
+def _queries(folder):
+    """QUERIES as plain ``SparseEncoder(folder).encode_query`` gives them, dense."""
+    from sentence_transformers import SparseEncoder
+
+    return _dense(SparseEncoder(str(folder), device="cpu").encode_query(QUERIES, convert_to_tensor=True))
+
+
+def _tiny_with_idf(family, tokenizer):
+    """A bidirectional tiny ``family`` decoder and the IDF of DOCS over its LM head's vocabulary."""
+    model = make_bidirectional(tiny_decoder(family, vocab_size=len(tokenizer)))
+    vocab = model.get_output_embeddings().weight.shape[0]
+    return model, idf_weights(tokenizer, DOCS, vocab, query_prefix(tokenizer))
+
+
 def test_idf_is_bm25s_over_the_documents_and_zero_for_special_tokens(tokenizer):
     prefix = query_prefix(tokenizer)
     idf = idf_weights(tokenizer, DOCS, len(tokenizer) + 5, prefix)
@@ -71,9 +85,7 @@ def test_idf_vectors_weight_each_present_token_once(tokenizer):
 def test_an_idf_router_export_of_every_family_loads_in_plain_sparse_encoder(family, tokenizer, tmp_path):
     from sentence_transformers import SparseEncoder
 
-    model = make_bidirectional(tiny_decoder(family, vocab_size=len(tokenizer)))
-    vocab = model.get_output_embeddings().weight.shape[0]
-    idf = idf_weights(tokenizer, DOCS, vocab, query_prefix(tokenizer))
+    model, idf = _tiny_with_idf(family, tokenizer)
     out = export_sparse(model, tokenizer, tmp_path / "sparse", query_idf=idf)
     assert is_sparse_folder(out) and (out / "router_config.json").is_file()
     assert json.loads((out / "config.json").read_text())["is_causal"] is False  # the causal LM stays at the root
@@ -90,19 +102,15 @@ def test_an_idf_router_export_of_every_family_loads_in_plain_sparse_encoder(fami
     torch.testing.assert_close(trained_query_idf(out), idf)
     again = export_from_path(out, tmp_path / "again")  # a re-export keeps the router, its IDF and its prompt
     assert json.loads((again / "adapt_export.json").read_text())["prompts"]["query"] == " "
-    torch.testing.assert_close(_dense(SparseEncoder(str(again), device="cpu").encode_query(QUERIES,
-                                                                                            convert_to_tensor=True)),
-                               queries)
+    torch.testing.assert_close(_queries(again), queries)
 
 
 @needs_st
 def test_a_term_bias_and_idf_queries_export_together(tokenizer, tmp_path):
     from sentence_transformers import SparseEncoder
 
-    model = make_bidirectional(tiny_decoder("llama", vocab_size=len(tokenizer)))
-    vocab = model.get_output_embeddings().weight.shape[0]
-    bias = torch.randn(vocab, generator=torch.Generator().manual_seed(0)) - 0.5
-    idf = idf_weights(tokenizer, DOCS, vocab, " ")
+    model, idf = _tiny_with_idf("llama", tokenizer)
+    bias = torch.randn(idf.shape[0], generator=torch.Generator().manual_seed(0)) - 0.5
     out = export_sparse(model, tokenizer, tmp_path / "sparse", query_idf=idf, term_bias=bias, top_k=7)
     encoder = SparseEncoder(str(out), device="cpu")
     with torch.no_grad():
@@ -147,9 +155,7 @@ def test_mlm_then_inference_free_splade_trains_documents_only_and_exports_a_rout
     rebuilt = load_checkpoint_model(ckpt)  # a checkpoint re-export keeps the router
     torch.testing.assert_close(rebuilt.query_idf, saved[idf_key])
     again = export_from_path(ckpt, tmp_path / "from-ckpt")
-    torch.testing.assert_close(_dense(SparseEncoder(str(again), device="cpu").encode_query(QUERIES,
-                                                                                            convert_to_tensor=True)),
-                               queries)
+    torch.testing.assert_close(_queries(again), queries)
 
 
 @needs_st
@@ -159,9 +165,7 @@ def test_bench_and_embed_send_queries_to_the_idf_route_and_documents_to_the_mode
     from adapt.bench import RetrievalTask, run_bench
     from adapt.sparse_embed import embed_sparse
 
-    model = make_bidirectional(tiny_decoder("qwen3", vocab_size=len(tokenizer)))
-    vocab = model.get_output_embeddings().weight.shape[0]
-    idf = idf_weights(tokenizer, DOCS, vocab, " ")
+    model, idf = _tiny_with_idf("qwen3", tokenizer)
     folder = export_sparse(model, tokenizer, tmp_path / "splade", query_idf=idf)
     retrieval = RetrievalTask(name="toy-retrieval", query_ids=[f"q{i}" for i in range(3)], queries=QUERIES,
                               corpus_ids=[f"d{i}" for i in range(4)], corpus=DOCS,
