@@ -158,7 +158,8 @@ def embed_sparse(source, texts: Iterable[str], output_path=None, *, n: int | Non
     check_sparse_output(output_path)
     start = time.perf_counter()
     model = load_sparse(source, dtype=dtype, device=device, max_length=max_length)
-    if prompt_name and prompt_name not in (model.encoder.prompts or {}) and not (model.routed and prompt_name in ROUTES):
+    route = model.routed and prompt_name in ROUTES  # a router's route name works without a prompt of that name
+    if prompt_name and prompt_name not in (model.encoder.prompts or {}) and not route:
         raise ConfigError(f"{model.name} has no prompt named {prompt_name!r}; its prompts: "
                           f"{', '.join(model.encoder.prompts or {}) or 'none'}")
     texts, total = iter(texts), n

@@ -110,8 +110,9 @@ def export_sparse(model, tokenizer, out_dir, *, top_k: int | None = None, max_se
     ``top_k``: keep each vector's k largest weights (``max_active_dims``). ``dtype``: bf16/fp16/fp32 for the
     saved weights (None keeps the model's). ``term_bias`` (V): added to the logits before relu, as a SPLADE
     stage trains it. ``query_idf`` (V): inference-free queries weighted by it (a ``Router``; the query prompt
-    gets the leading space :func:`adapt.splade.query_prefix` asks for). Raises :class:`NotBidirectionalError` (``out_dir`` unchanged) if the reloaded folder is
-    causal, :class:`ModelLoadError` if its vectors depend on padding.
+    gets the leading space :func:`adapt.splade.query_prefix` asks for). Raises :class:`NotBidirectionalError`
+    (``out_dir`` unchanged) if the reloaded folder is causal, :class:`ModelLoadError` if its vectors depend on
+    padding.
     """
     if top_k is not None and (isinstance(top_k, bool) or int(top_k) <= 0):
         raise ConfigError(f"top_k must be a positive number of terms, not {top_k!r}")
@@ -245,6 +246,9 @@ def _document_transformer_to_root(built: Path) -> None:
     config = json.loads(path.read_text(encoding="utf-8"))
     name = config["structure"]["document"][0]
     for item in (built / name).iterdir():
+        if (built / item.name).exists():  # sentence-transformers wrote a root file of the same name: keep both
+            raise ModelLoadError(f"cannot move the document model's {item.name} to the export's root: the router "
+                                 "already wrote one there (a sentence-transformers version adapt does not know)")
         item.rename(built / item.name)
     (built / name).rmdir()
     config["types"] = {("" if k == name else k): v for k, v in config["types"].items()}

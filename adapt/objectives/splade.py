@@ -122,9 +122,10 @@ class Splade(Crops):
         if self.idf_queries:
             head = model.get_output_embeddings()
             vocab = head.weight.shape[0] if head is not None else model.config.vocab_size
+            documents = self.documents()
             self._prefix = query_prefix(self.tokenizer)
-            self._idf = idf_weights(self.tokenizer, self.documents(), vocab, self._prefix)
-            log.info("splade queries: IDF over %d training documents%s", len(self.documents()),
+            self._idf = idf_weights(self.tokenizer, documents, vocab, self._prefix)
+            log.info("splade queries: IDF over %d training documents%s", len(documents),
                      ", after a leading space" if self._prefix else "")
         bias = self.calibrate(SparseLM(model)) if self.s.term_bias else None
         return SparseLM(model, bias, query_idf=self._idf)
@@ -149,7 +150,9 @@ class Splade(Crops):
             self._rng = rng
         was_training = sparse.training
         sparse.eval()
-        texts = texts[:CALIBRATION_TEXTS] if not self.idf_queries else texts[self._n_queries:][:CALIBRATION_TEXTS]  # in chunks of 8: a (B, T, V) logits tensor is large
+        if self.idf_queries:  # the bias is for the documents' vectors: the queries' are the IDF
+            texts = texts[self._n_queries:]
+        texts = texts[:CALIBRATION_TEXTS]  # in chunks of 8: a (B, T, V) logits tensor is large
         pooled = torch.cat([sparse(**tokenize(self.tokenizer, texts[s:s + 8], self.c.max_length, device), raw=True)
                             for s in range(0, len(texts), 8)])
         sparse.train(was_training)
@@ -221,7 +224,8 @@ class Splade(Crops):
     def summary(self) -> dict:
         s = self.s
         return {"pairs_from": self.c.loss, "lambda_q": s.lambda_q, "lambda_d": s.lambda_d,
-                "lambda_warmup_steps": self.warmup_steps, "top_k": s.top_k, "term_bias": s.term_bias, "queries": s.queries,
+                "lambda_warmup_steps": self.warmup_steps, "top_k": s.top_k, "term_bias": s.term_bias,
+                "queries": s.queries,
                 "init_active_terms": s.init_active_terms if s.term_bias else None, "batch_per_process": self.batch,
                 "mini_batch": self.mini_batch, "data": self.counts, "train_examples": len(self.train_set),
                 "eval_examples": len(self.eval_set)}
