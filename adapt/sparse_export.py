@@ -285,8 +285,7 @@ def trained_query_idf(folder) -> torch.Tensor | None:
     folder = Path(folder)
     if not (folder / ROUTER_CONFIG).is_file():
         return None
-    config = json.loads((folder / ROUTER_CONFIG).read_text(encoding="utf-8"))
-    name = next((k for k, v in config["types"].items() if v.endswith("SparseStaticEmbedding")), None)
+    name = next((path for path, kind in _module_types(folder) if kind.endswith("SparseStaticEmbedding")), None)
     path = folder / str(name) / "model.safetensors"
     if name is None or not path.is_file():
         raise ModelLoadError(f"{folder}: its router has no IDF query module weights ({path}); export it again "
