@@ -79,12 +79,13 @@ def idf_weights(tokenizer, texts: list[str], vocab: int, prefix: str = "") -> to
     return idf.float()
 
 
-def idf_vectors(tokenizer, texts: list[str], idf: torch.Tensor, prefix: str = "", device=None) -> torch.Tensor:
+def idf_vectors(tokenizer, texts: list[str], idf: torch.Tensor, prefix: str = "", device=None,
+                max_length: int | None = None) -> torch.Tensor:
     """(N, V) inference-free query vectors: each token present in ``prefix + text`` weighted by its ``idf``, as
-    sentence-transformers' ``SparseStaticEmbedding`` computes them (no special tokens, truncated to the
-    tokenizer's ``model_max_length``)."""
+    sentence-transformers' ``SparseStaticEmbedding`` computes them (no special tokens, truncated to
+    ``max_length`` tokens, by default the tokenizer's ``model_max_length``)."""
     enc = tokenizer([prefix + t for t in texts], add_special_tokens=False, truncation=True, padding=True,
-                    return_tensors="pt")
+                    max_length=max_length, return_tensors="pt")
     ids, mask = enc["input_ids"], enc["attention_mask"]
     presence = torch.zeros(len(texts), idf.shape[0], dtype=torch.long).scatter_(1, ids, mask)
     return (presence * idf.detach().float().cpu()).to(device or idf.device)

@@ -190,3 +190,47 @@ def test_bench_and_embed_send_queries_to_the_idf_route_and_documents_to_the_mode
     embed_sparse(folder, DOCS, tmp_path / "d.jsonl")
     doc = json.loads((tmp_path / "d.jsonl").read_text().splitlines()[0])
     assert len(doc["indices"]) == int((corpus[0] > 0).sum())
+
+
+def test_lexical_anchoring_adds_each_documents_own_token_bag_as_a_query_that_must_find_it():
+    from adapt.config import RunConfig
+    from adapt.objectives.splade import Splade
+    from adapt.splade import ranking_loss
+
+    gen = torch.Generator().manual_seed(0)
+    weights = torch.rand(5, 12, generator=gen)  # 2 queries, then 3 documents: the third is the first's text again
+    own = torch.rand(3, 12, generator=gen) * (torch.rand(3, 12, generator=gen) > 0.5)
+
+    def loss(lexical):
+        objective = Splade(RunConfig.from_dict({"kind": "splade", "splade": {"lexical": lexical}}))
+        objective._own = own
+        fn = objective.loss_fn(2, [0, 1], [0, 1, 0], torch.arange(5), gather=False)
+        return fn(weights)[0]
+
+    queries, docs = weights[:2], weights[2:]
+    base = ranking_loss(queries, docs, torch.arange(2), torch.tensor([[False, False, True], [False, False, False]]))[0]
+    torch.testing.assert_close(loss(0.0), base)
+    scores = own @ docs.T  # each document's own bag against every document; the same text elsewhere is left out
+    scores[0, 2] = scores[2, 0] = float("-inf")
+    anchoring = torch.nn.functional.cross_entropy(scores, torch.arange(3))
+    torch.testing.assert_close(loss(0.5), base + 0.5 * anchoring)
+    with pytest.raises(ConfigError, match="splade.lexical"):
+        RunConfig.from_dict({"splade": {"lexical": -1}})
+
+
+@needs_st
+def test_lexical_anchoring_with_encoder_queries_reports_own_terms_and_exports_no_router(tiny_model_dir, tmp_path):
+    from tests.test_contrastive import toy_sentences
+    from tests.tiny import CORPUS
+
+    docs = tmp_path / "docs.txt"
+    docs.write_text("\n\n".join([CORPUS] * 4 + [" ".join(toy_sentences(40)[i:i + 5]) for i in range(24)]) + "\n",
+                    encoding="utf-8")
+    out = tmp_path / "out"
+    result = run_stages(str(tiny_model_dir), out, stages="splade", preset="tiny", data=[str(docs)],
+                        overrides=["train.batch_size=4", "train.eval_batches=2", "contrastive.max_length=32",
+                                   "splade.lexical=1.0", "splade.init_active_terms=20"], show_progress=False)
+    stage = result.summary["per_stage"]["1-splade"]
+    assert stage["lexical"] == 1.0 and stage["queries"] == "encoder"
+    assert 0.0 <= stage["final_eval"]["eval/own_terms_active"] <= 1.0
+    assert is_sparse_folder(out) and trained_query_idf(out) is None  # the IDF trained the documents only

@@ -21,6 +21,12 @@ trains them for retrieval:
   (:func:`adapt.splade.idf_vectors`), no model run; only the documents go through the model (half the
   forward passes), and only their FLOPS counts. The export routes queries to sentence-transformers'
   ``SparseStaticEmbedding`` and documents to the model (a ``Router``).
+- ``splade.lexical``: lexical anchoring. Each document of the batch is also a query made of its own tokens, each
+  weighted by its IDF over the training documents (no model run), and must rank itself first among the batch's
+  documents, a second ranking loss with this weight. A decoder's head, after a short MLM stage, leaves most of a
+  document's own tokens inactive (21% kept, measured); this keeps the rare ones, as BM25 has them, and the
+  contrastive loss adds the expansion. Evaluation reports ``eval/own_terms_active``: the share of a document's
+  own tokens (IDF above 0) whose weight is above 0.
 - A per-term bias (``splade.term_bias``, on by default) added to the pooled logits before relu, started
   from a calibration batch of the training texts at about ``splade.init_active_terms`` active terms per
   text (:func:`adapt.splade.calibrate_term_bias`), then trained with the rest: a decoder's head has no
@@ -73,7 +79,7 @@ class Splade(Crops):
         self.warmup_steps = round(self.s.lambda_warmup * cfg.train.max_steps)
         self._scale = 0.0
         self.idf_queries = self.s.queries == "idf"
-        self._idf, self._prefix, self._n_queries, self._query_vectors = None, "", 0, None
+        self._idf, self._prefix, self._n_queries, self._query_vectors, self._own = None, "", 0, None, None
 
     # ---- data: pairs (contrastive) or crops --------------------------------------------------
     def load_examples(self):
@@ -93,10 +99,13 @@ class Splade(Crops):
 
     def chunks(self, texts: list[str], device):
         """As the contrastive stages cut them; with inference-free queries, the queries' IDF vectors are made here
-        (kept for the loss) and only the documents are cut into chunks for the model."""
+        (kept for the loss) and only the documents are cut into chunks for the model. Where the IDF is known
+        (inference-free queries, lexical anchoring), each document's own tokens weighted by it are kept too."""
+        n = self._n_queries
+        if self._idf is not None:
+            self._own = idf_vectors(self.tokenizer, texts[n:], self._idf, "", device, max_length=self.c.max_length)
         if not self.idf_queries:
             return super().chunks(texts, device)
-        n = self._n_queries
         self._query_vectors = idf_vectors(self.tokenizer, texts[:n], self._idf, self._prefix, device)
         return super().chunks(texts[n:], device)
 
@@ -119,7 +128,7 @@ class Splade(Crops):
         self._accelerator = ctx.accelerator
 
     def module(self, model) -> torch.nn.Module:
-        if self.idf_queries:
+        if self.idf_queries or self.s.lexical:
             head = model.get_output_embeddings()
             vocab = head.weight.shape[0] if head is not None else model.config.vocab_size
             documents = self.documents()
@@ -128,7 +137,7 @@ class Splade(Crops):
             log.info("splade queries: IDF over %d training documents%s", len(documents),
                      ", after a leading space" if self._prefix else "")
         bias = self.calibrate(SparseLM(model)) if self.s.term_bias else None
-        return SparseLM(model, bias, query_idf=self._idf)
+        return SparseLM(model, bias, query_idf=self._idf if self.idf_queries else None)
 
     @torch.no_grad()
     def calibrate(self, sparse: SparseLM) -> torch.Tensor:
@@ -174,6 +183,12 @@ class Splade(Crops):
             targets = offset + torch.arange(n_queries, device=dev)
             mask = false_negative_mask(torch.tensor(positive_keys, dtype=torch.long, device=dev), keys, targets)
             loss, correct = ranking_loss(queries, candidates, targets, mask)
+            if self.s.lexical:  # each document found by the bag of its own tokens (IDF-weighted)
+                own_targets = offset + torch.arange(len(docs), device=dev)
+                own_keys = torch.tensor(doc_keys, dtype=torch.long, device=dev)
+                own, _ = ranking_loss(self._own.to(dev), candidates, own_targets,
+                                      false_negative_mask(own_keys, keys, own_targets))
+                loss = loss + self.s.lexical * own
             regularizer = lambda_d * flops(docs) + (0.0 if self.idf_queries else lambda_q * flops(queries))
             return loss + regularizer, correct
         return fn
@@ -195,7 +210,8 @@ class Splade(Crops):
             return {}
         model = acc.unwrap_model(module)  # no DDP collectives: processes may run different batches
         model.eval()
-        sums = torch.zeros(6, dtype=torch.float64)  # loss x queries, correct, queries, query terms, doc terms, docs
+        sums = torch.zeros(8, dtype=torch.float64)  # loss x queries, correct, queries, query/doc terms, docs, own terms
+
         rounds = -(-len(batches) // acc.num_processes)
         with acc.autocast():
             for r in range(rounds):  # every process runs as many forwards (FSDP gathers weights in forward)
@@ -211,21 +227,25 @@ class Splade(Crops):
                 mask = false_negative_mask(torch.tensor(positive_keys, device=dev), torch.tensor(doc_keys, device=dev),
                                            targets)
                 loss, correct = ranking_loss(queries, docs, targets, mask)
+                own = self._own.to(dev) > 0 if self._own is not None else torch.zeros_like(docs, dtype=torch.bool)
                 sums += torch.tensor([float(loss) * n_queries, float(correct), n_queries,
-                                      float(active_terms(queries).sum()), float(active_terms(docs).sum()), len(docs)],
-                                     dtype=torch.float64)
+                                      float(active_terms(queries).sum()), float(active_terms(docs).sum()), len(docs),
+                                      float((own & (docs > 0)).sum()), float(own.sum())], dtype=torch.float64)
         model.train()
         total = acc.gather_for_metrics(sums.to(acc.device).unsqueeze(0)).sum(0)
         n, n_docs = max(float(total[2]), 1.0), max(float(total[5]), 1.0)
-        return {"eval/splade_loss": float(total[0]) / n, "eval/splade_acc": float(total[1]) / n,
-                "eval/active_terms_query": float(total[3]) / n, "eval/active_terms_doc": float(total[4]) / n_docs}
+        out = {"eval/splade_loss": float(total[0]) / n, "eval/splade_acc": float(total[1]) / n,
+               "eval/active_terms_query": float(total[3]) / n, "eval/active_terms_doc": float(total[4]) / n_docs}
+        if float(total[7]):
+            out["eval/own_terms_active"] = float(total[6]) / float(total[7])
+        return out
 
     # ---- records ------------------------------------------------------------------------------
     def summary(self) -> dict:
         s = self.s
         return {"pairs_from": self.c.loss, "lambda_q": s.lambda_q, "lambda_d": s.lambda_d,
                 "lambda_warmup_steps": self.warmup_steps, "top_k": s.top_k, "term_bias": s.term_bias,
-                "queries": s.queries,
+                "queries": s.queries, "lexical": s.lexical,
                 "init_active_terms": s.init_active_terms if s.term_bias else None, "batch_per_process": self.batch,
                 "mini_batch": self.mini_batch, "data": self.counts, "train_examples": len(self.train_set),
                 "eval_examples": len(self.eval_set)}
