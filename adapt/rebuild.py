@@ -280,17 +280,19 @@ def _export_checkpoint(ckpt: Path, out_dir, *, pooling, normalize, max_seq_lengt
              "objective": cfg.objective.schedule, "tuning": cfg.tuning.method, "recipe": cfg.to_dict()}
     if summary.get("final_eval"):
         facts["final_eval (end of the run)"] = summary["final_eval"]
-    exp = cfg.export
-    if kind == SPARSE or (kind is None and build_objective(cfg).export_kind == SPARSE):
+    exp, objective = cfg.export, build_objective(cfg)
+    if prompts is None:  # as the run exported them: the objective's own (contrastive.query_prompt), then export's
+        prompts = {**objective.export_prompts(), **(exp.prompts or {})} or None
+    if kind == SPARSE or (kind is None and objective.export_kind == SPARSE):
         return export_sparse(loaded.model, loaded.tokenizer, out_dir, term_bias=loaded.term_bias,
                              query_idf=loaded.query_idf,
                              top_k=top_k if top_k is not None else
                              cfg.splade.top_k, max_seq_length=max_seq_length or exp.max_seq_length,
-                             prompts=(exp.prompts or None) if prompts is None else prompts,
+                             prompts=prompts,
                              dtype=dtype if dtype is not None else exp.dtype, card={**facts, **(card or {})},
                              source=cfg.model.source)
     settings = dict(pooling=pooling or exp.pooling, max_seq_length=max_seq_length or exp.max_seq_length,
-                    prompts=(exp.prompts or None) if prompts is None else prompts)
+                    prompts=prompts)
     if order_dims is None:  # as the run exports (its texts, its pooling)
         fitted = replace(cfg, export=replace(exp, pooling=settings["pooling"], max_seq_length=settings["max_seq_length"]))
         rotation, order = ordered_dims(fitted, loaded.model, loaded.tokenizer, settings["prompts"])

@@ -106,6 +106,14 @@ def token_bag_rows(run: Path, resolved: dict) -> list[dict]:
     return rows
 
 
+def splade_eval(run: Path) -> dict:
+    """The SPLADE stage's held-out figures at its end (ranking accuracy, active terms, own terms active), from the
+    run's summary; {} when there is none."""
+    path = run / "run" / "summary.json"
+    stages = json.loads(path.read_text()).get("per_stage", {}) if path.exists() else {}
+    return next((s.get("final_eval") or {} for name, s in stages.items() if name.endswith("-splade")), {})
+
+
 def dense_index_mb(dim: int, n_docs: int) -> float:
     return n_docs * dim * 4 / 1e6
 
@@ -214,10 +222,15 @@ def main() -> None:
     models += list(dict.fromkeys(r["model"] for r in bag))
     RESULTS.mkdir(parents=True, exist_ok=True)
     markdown = table(rows, models, tasks)
+    stage_eval = splade_eval(run)
+    if stage_eval:
+        markdown += "\n\nSPLADE stage, held-out crops at its end: " + ", ".join(
+            f"{k.removeprefix('eval/')} {v:.3f}" for k, v in stage_eval.items()) + "\n"
     (RESULTS / f"{args.name}.md").write_text(markdown + "\n" + report.markdown)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(
         {"run": str(run), "split": args.split, "limit": args.limit, "overrides": SPLADE_STAGE + args.overrides,
          "encoders": {k: str(v) for k, v in encoders.items()}, "rows": rows, "bench_rows": report.rows,
+         "splade_stage_eval": stage_eval,
          "convert_seconds_this_call": convert_s, "bench_seconds": round(time.perf_counter() - t1, 1)},
         indent=2, default=str) + "\n")
     plot(rows, models, tasks, RESULTS / f"{args.name}.png")

@@ -14,6 +14,7 @@ import yaml
 from safetensors.torch import load_file
 
 from adapt.config import RunConfig
+from adapt.rebuild import export_from_path
 from adapt.embedding import Embedder, set_dropout, tokenize
 from adapt.objectives import infonce
 from adapt.objectives.infonce import contrastive_backward, false_negative_mask, info_nce
@@ -302,6 +303,11 @@ def test_pairs_stage_exports_an_encoder_with_prompts(tokenizer, tmp_path, method
     vectors = st.encode(["where is the fox?"], prompt_name="query")
     assert vectors.shape == (1, 64) and np.isfinite(vectors).all()
     assert (out / "run/adapter/adapter_model.safetensors").exists()
+    if method == "lora":  # a checkpoint's re-export carries the stage's query prompt, as the run's export does
+        ckpt = sorted((out / "run/checkpoints").iterdir())[-1]
+        again = SentenceTransformer(str(export_from_path(ckpt, tmp_path / "from-ckpt")), device="cpu")
+        assert again.prompts["query"] == "query: "
+        np.testing.assert_allclose(again.encode(["where is the fox?"], prompt_name="query"), vectors, atol=1e-4)
 
 
 def test_simcse_stage_resumes_exactly_after_a_crash(tiny_model_dir, tmp_path, monkeypatch):
