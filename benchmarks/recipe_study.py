@@ -332,7 +332,10 @@ def dims(args) -> None:
     lines = [result.markdown, "", "### Average at each size, and the fraction of the full-size average it keeps", "",
              "| model | " + " | ".join(str(d) for d in DIMS) + " |", "|---|" + "---:|" * len(DIMS)]
     for name, row in kept.items():
-        lines.append(f"| {name} | " + " | ".join(f"{a:.3f} ({f:.3f})" for a, f in row) + " |")
+        lines.append(f"| {name} | " + " | ".join(f"{a:.3f} ({f:.3f} [{lo:.3f}, {hi:.3f}])" for a, f, lo, hi in row)
+                     + " |")
+    lines += ["", "In brackets: the fraction of the full-size average kept, with its 95% interval (paired bootstrap of "
+              "the items; over seeds, seeds then items resampled)."]
     (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
     (RESULTS / f"{stem}.json").write_text(json.dumps({"rows": result.rows, "kept": kept}, indent=2, default=str) + "\n")
     plot_kept(kept, RESULTS / f"{stem}.png")
@@ -340,28 +343,60 @@ def dims(args) -> None:
 
 
 def kept_table(result, names: list[str]) -> dict:
-    """``{model: [(average, average / full-size average) at each size of DIMS]}`` over the main scores."""
+    """``{model: [(average, kept, low, high) at each size of DIMS]}`` over the main scores: ``kept`` is the average
+    over the full-size average, with a 95% interval from the items resampled (the same resamples at every size,
+    so the ratio is paired). Models of one recipe over several seeds (``NAME-sS``, ``NAME-sS-pca``) also get a
+    row ``NAME (N seeds)``: the ratio of the means over seeds, the interval from a two-level bootstrap (seeds
+    drawn with replacement, then the items), as ``adapt.bench.verdict.compare_seeds`` draws them."""
+    import re
+
     import numpy as np
+
+    from adapt.bench import stats
 
     rows = [r for r in result.rows if r.get("main")]
     tasks = list(dict.fromkeys(r["task"] for r in rows))
     values = {(r["model"], r["task"]): r["value"] for r in rows}
-    out = {}
+
+    def averages(model):  # (sizes,) observed and (sizes, resamples) bootstrapped
+        observed = [float(np.mean([values[(f"{model}@dim={d}", t)] for t in tasks])) for d in DIMS]
+        boot = [np.mean([stats.bootstrap(result.items[(f"{model}@dim={d}", t)], key=t) for t in tasks], axis=0)
+                for d in DIMS]
+        return np.array(observed), np.stack(boot)
+
+    groups = {name: [name] for name in names}
     for name in names:
-        averages = [float(np.mean([values[(f"{name}@dim={d}", t)] for t in tasks])) for d in DIMS]
-        out[name] = [(a, a / averages[0]) for a in averages]
+        base = re.sub(r"-s\d+(?=(-pca)?$)", "", name)
+        if base != name:
+            groups.setdefault(f"{base} (seeds)", []).append(name)
+    out, rng = {}, np.random.default_rng(0)
+    for label, members in groups.items():
+        if label.endswith(" (seeds)") and len(members) < 2:
+            continue
+        observed, boot = zip(*(averages(m) for m in members))  # per seed: (sizes,), (sizes, B)
+        mean = np.mean(observed, axis=0)
+        boot = np.stack(boot)  # (seeds, sizes, B)
+        draw = rng.integers(0, len(members), size=(len(members), boot.shape[-1]))
+        drawn = np.take_along_axis(boot, draw[:, None, :].repeat(boot.shape[1], axis=1), axis=0).mean(axis=0)
+        ratio = drawn / drawn[0]
+        name = label.replace(" (seeds)", f" ({len(members)} seeds)")
+        out[name] = [(float(a), float(a / mean[0]), *stats.interval(ratio[j], float(a / mean[0])))
+                     for j, a in enumerate(mean)]
     return out
 
 
 def plot_kept(kept: dict, path: Path) -> None:
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, row in kept.items():
-        ax.plot(range(len(DIMS)), [f for _, f in row], marker="o", label=name)
+        fractions = np.array([f for _, f, _, _ in row])
+        errors = np.array([[f - lo, hi - f] for _, f, lo, hi in row]).T
+        ax.errorbar(range(len(DIMS)), fractions, yerr=errors, marker="o", capsize=3, label=name)
     ax.axhline(0.95, color="grey", lw=1, ls="--", label="0.95")
     ax.set_xticks(range(len(DIMS)), [str(d) for d in DIMS])
     ax.set_xlabel("dimensions kept")
