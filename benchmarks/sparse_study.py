@@ -13,6 +13,7 @@ an existing run folder, and scores on the `standard` suite's retrieval tasks (Wo
     python benchmarks/sparse_study.py --split dev              # choose settings on the dev split
     python benchmarks/sparse_study.py --set splade.splade.lambda_d=1e-3 --out runs/sparse-study-l1e-3
     python benchmarks/sparse_study.py --run runs/my-mlm-splade  # an existing mlm,splade run folder
+    python benchmarks/sparse_study.py --mlm runs/sparse-study/stages/1-mlm --out runs/s2 --set ...   # SPLADE only
     python benchmarks/sparse_study.py --set splade.splade.queries=idf --lean   # inference-free queries, the run alone
 
 A run with IDF queries is also compared with the bag of its documents' own tokens under the same queries (no model).
@@ -41,25 +42,30 @@ SPLADE_STAGE = ["splade.train.max_steps=60", "splade.train.batch_size=16", "spla
                 "splade.contrastive.mini_batch=8"]
 
 
-def convert(out: Path, overrides: list[str]) -> None:
+def convert(out: Path, overrides: list[str], mlm: Path | None = None) -> None:
+    """``mlm,splade`` on the demo's text into ``out``; with ``mlm`` (an earlier study's finished MLM stage,
+    ``OUT/stages/1-mlm``) only the SPLADE stage runs, from it, with the same settings the chain gives it."""
     from adapt.stages import run_stages
 
     if (out / "run" / "summary.json").exists():
         return
-    run_stages(None, out, preset="demo-mlm", stages="mlm,splade", overrides=SPLADE_STAGE + overrides,
+    if mlm is not None and not (mlm / "run" / "summary.json").exists():
+        raise SystemExit(f"--mlm {mlm}: not a finished MLM stage (no run/summary.json)")
+    run_stages(None if mlm is None else str(mlm), out, preset="demo-mlm",
+               stages="mlm,splade" if mlm is None else "splade", overrides=SPLADE_STAGE + overrides,
                resume=(out / "run" / "stages").is_dir(), show_progress=True)
 
 
-def exports(run: Path, lean: bool = False) -> dict[str, Path]:
+def exports(run: Path, lean: bool = False, mlm: Path | None = None) -> dict[str, Path]:
     """The encoders to compare, exported next to the run when missing; label -> folder (``lean``: the run's own
-    sparse encoder only)."""
+    sparse encoder only; ``mlm``: the MLM stage, when the run holds the SPLADE stage alone)."""
     from adapt.rebuild import export_from_path
     from adapt.sparse_export import is_sparse_folder
 
     first = sorted((run / "stages").glob("1-*"))
     if not is_sparse_folder(run) or not first:
         raise SystemExit(f"{run} is not an mlm,splade run folder (a sparse OUT with OUT/stages/1-*)")
-    mlm = first[0]
+    mlm = mlm or first[0]
     queries = json.loads((run / "adapt_export.json").read_text()).get("queries", "encoder")
     label = "SPLADE (mlm then splade; IDF queries)" if queries == "idf" else "SPLADE (mlm then splade)"
     if lean:
@@ -177,6 +183,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", help="an existing mlm,splade run folder (skips the conversion)")
     ap.add_argument("--out", default=str(ROOT / "runs" / "sparse-study"))
+    ap.add_argument("--mlm", help="a finished MLM stage of an earlier study run (RUN/stages/1-mlm): run only the "
+                    "SPLADE stage, from it (the MLM stage's settings are the chain's)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--split", choices=["test", "dev"], default="test")
     ap.add_argument("--limit", type=int, help="examples per task (quicker, noisier)")
@@ -190,9 +198,9 @@ def main() -> None:
     run = Path(args.run or args.out)
     t0 = time.perf_counter()
     if not args.run:
-        convert(run, args.overrides)
+        convert(run, args.overrides, Path(args.mlm) if args.mlm else None)
     convert_s = round(time.perf_counter() - t0, 1)
-    encoders = exports(run, args.lean)
+    encoders = exports(run, args.lean, Path(args.mlm) if args.mlm else None)
     tasks = [t if args.split == "test" else f"{t}-dev" for t in RETRIEVAL]
     t1 = time.perf_counter()
     report = run_bench([f"{path}@label={label}" for label, path in encoders.items()], tasks=tasks,
