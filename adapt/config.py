@@ -281,6 +281,10 @@ class SpladeConfig:
                            "query of its own tokens weighted by their IDF over the training documents, must rank "
                            "itself first among the batch's documents; keeps a document's own terms active, as "
                            "BM25 has them, with the expansion on top (0: off)", 0.0)
+    own_terms: float = _help("weight of a loss that keeps each training document's own tokens active: the "
+                             "IDF-weighted mean over its tokens of relu(1 - z), z the token's pooled logit plus its "
+                             "bias (what relu cuts), so each gets a weight of at least log(2); unlike the ranking "
+                             "losses it reaches tokens whose weight is 0 (0: off)", 0.0)
     init_active_terms: int = _help("the term bias starts at minus each term's mean pooled logit over a calibration "
                                    "batch of the training texts, shifted so that a text has about this many active "
                                    "terms; training (and FLOPS) moves it from there", 256)
@@ -289,6 +293,8 @@ class SpladeConfig:
         _check(self.queries in ("encoder", "idf"), f"splade.queries must be 'encoder' or 'idf', not {self.queries!r}")
         _check(self.init_active_terms > 0, f"splade.init_active_terms must be a positive number of terms, not "
                f"{self.init_active_terms!r}")
+        _check(self.own_terms >= 0, f"splade.own_terms must be 0 (off) or a positive loss weight, not "
+               f"{self.own_terms!r}")
         _check(self.lexical >= 0, f"splade.lexical must be 0 (off) or a positive loss weight, not {self.lexical!r}")
         _check(self.lambda_q >= 0 and self.lambda_d >= 0, "splade.lambda_q and splade.lambda_d must be 0 or more")
         _check(0 <= self.lambda_warmup <= 1, f"splade.lambda_warmup must be in [0, 1], not {self.lambda_warmup}")

@@ -34,11 +34,22 @@ def max_logits(logits: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tens
     return logits.masked_fill(pad, float("-inf")).amax(dim=1).float()
 
 
+def pooled_logits(logits: torch.Tensor, attention_mask: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, T, V) logits under a (B, T) mask -> (B, V) fp32: each term's largest logit plus its ``bias`` (V), the
+    value relu cuts (a term is active where it is above 0)."""
+    top = max_logits(logits, attention_mask)
+    return top if bias is None else top + bias.float()
+
+
+def term_weights(pooled: torch.Tensor) -> torch.Tensor:
+    """SPLADE weights log1p(relu) of :func:`pooled_logits`."""
+    return pooled.relu().log1p()
+
+
 def splade_pool(logits: torch.Tensor, attention_mask: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """(B, T, V) logits under a (B, T) mask -> (B, V) fp32 term weights, max over real tokens of log1p(relu),
     with ``bias`` (V) added to the logits first."""
-    top = max_logits(logits, attention_mask)
-    return (top if bias is None else top + bias.float()).relu().log1p()
+    return term_weights(pooled_logits(logits, attention_mask, bias))
 
 
 def calibrate_term_bias(pooled: torch.Tensor, active_terms: int) -> torch.Tensor:
@@ -131,11 +142,14 @@ class SparseLM(torch.nn.Module):
     """``(input_ids, attention_mask) -> (B, V)`` SPLADE weights of a causal LM (or its peft wrapper), computed as
     the exported sparse encoder computes them. Holds the model so Accelerate/DDP wrap one module, and the
     trainable ``term_bias`` (V, fp32) when given one (``raw=True``: the pooled logits, no bias nor relu), and the
-    inference-free queries' ``query_idf`` (V, a buffer: checkpointed, not trained) when given one."""
+    inference-free queries' ``query_idf`` (V, a buffer: checkpointed, not trained) when given one.
+    ``pre_activation=True`` returns :func:`pooled_logits` (before relu; :func:`term_weights` makes them weights),
+    for losses that reach inactive terms."""
 
-    def __init__(self, model, term_bias: torch.Tensor | None = None, query_idf: torch.Tensor | None = None):
+    def __init__(self, model, term_bias: torch.Tensor | None = None, query_idf: torch.Tensor | None = None,
+                 pre_activation: bool = False):
         super().__init__()
-        self.model = model
+        self.model, self.pre_activation = model, pre_activation
         config = model.get_base_model().config if hasattr(model, "get_base_model") else model.config
         self.absolute = facts_for(config).absolute_positions
         self.term_bias = None if term_bias is None else torch.nn.Parameter(term_bias.detach().float().clone())
@@ -146,4 +160,5 @@ class SparseLM(torch.nn.Module):
         logits = self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs).logits
         if raw:
             return max_logits(logits, attention_mask)
-        return splade_pool(logits, attention_mask, self.term_bias)
+        pooled = pooled_logits(logits, attention_mask, self.term_bias)
+        return pooled if self.pre_activation else term_weights(pooled)

@@ -219,7 +219,7 @@ def test_lexical_anchoring_adds_each_documents_own_token_bag_as_a_query_that_mus
 
 
 @needs_st
-def test_lexical_anchoring_with_encoder_queries_reports_own_terms_and_exports_no_router(tiny_model_dir, tmp_path):
+def test_lexical_losses_with_encoder_queries_report_own_terms_and_export_no_router(tiny_model_dir, tmp_path):
     from tests.test_contrastive import toy_sentences
     from tests.tiny import CORPUS
 
@@ -229,8 +229,37 @@ def test_lexical_anchoring_with_encoder_queries_reports_own_terms_and_exports_no
     out = tmp_path / "out"
     result = run_stages(str(tiny_model_dir), out, stages="splade", preset="tiny", data=[str(docs)],
                         overrides=["train.batch_size=4", "train.eval_batches=2", "contrastive.max_length=32",
-                                   "splade.lexical=1.0", "splade.init_active_terms=20"], show_progress=False)
+                                   "splade.lexical=1.0", "splade.own_terms=1.0", "splade.init_active_terms=20"],
+                        show_progress=False)
     stage = result.summary["per_stage"]["1-splade"]
-    assert stage["lexical"] == 1.0 and stage["queries"] == "encoder"
+    assert stage["lexical"] == 1.0 and stage["own_terms"] == 1.0 and stage["queries"] == "encoder"
     assert 0.0 <= stage["final_eval"]["eval/own_terms_active"] <= 1.0
     assert is_sparse_folder(out) and trained_query_idf(out) is None  # the IDF trained the documents only
+
+
+def test_the_own_terms_floor_reaches_a_documents_inactive_tokens_through_the_pooled_logits(tokenizer):
+    from adapt.config import RunConfig
+    from adapt.objectives.splade import Splade
+    from adapt.splade import ranking_loss
+
+    gen = torch.Generator().manual_seed(1)
+    pooled = torch.randn(5, 12, generator=gen).requires_grad_()  # before relu: 2 queries, then 3 documents
+    own = torch.rand(3, 12, generator=gen) * (torch.rand(3, 12, generator=gen) > 0.5)
+    objective = Splade(RunConfig.from_dict({"kind": "splade", "splade": {"own_terms": 2.0}}))
+    objective._own = own
+    loss = objective.loss_fn(2, [0, 1], [0, 1, 2], torch.arange(5), gather=False)(pooled)[0]
+    weights = pooled.relu().log1p()
+    base = ranking_loss(weights[:2], weights[2:], torch.arange(2))[0]
+    floor = ((own * (1 - pooled[2:]).relu()).sum(1) / own.sum(1)).mean()
+    torch.testing.assert_close(loss, base + 2.0 * floor)
+    loss.backward()
+    dead = (pooled[2:] < 0) & (own > 0)  # a document's own token with weight 0: only the floor reaches it
+    assert dead.any() and (pooled.grad[2:][dead] < 0).all()  # descent raises it
+
+    model = make_bidirectional(tiny_decoder("llama", vocab_size=len(tokenizer))).eval()
+    bias = torch.randn(model.get_output_embeddings().weight.shape[0], generator=gen)
+    enc = tokenize(tokenizer, DOCS, 16)
+    with torch.no_grad():
+        before_relu = SparseLM(model, bias, pre_activation=True)(**enc)
+        torch.testing.assert_close(before_relu.relu().log1p(), SparseLM(model, bias)(**enc))
+    assert (before_relu < 0).any()

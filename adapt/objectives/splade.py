@@ -27,6 +27,10 @@ trains them for retrieval:
   document's own tokens inactive (21% kept, measured); this keeps the rare ones, as BM25 has them, and the
   contrastive loss adds the expansion. Evaluation reports ``eval/own_terms_active``: the share of a document's
   own tokens (IDF above 0) whose weight is above 0.
+- ``splade.own_terms``: a floor under each document's own tokens. The ranking losses, lexical anchoring included,
+  reach only active terms (relu has no gradient below 0), so they sharpen the tokens a document already has and
+  cannot bring back the others; this loss acts on the pooled logit before relu (the module returns it and the loss
+  takes log1p(relu)): the IDF-weighted mean over a document's tokens of relu(1 - z), z its pooled logit plus bias.
 - A per-term bias (``splade.term_bias``, on by default) added to the pooled logits before relu, started
   from a calibration batch of the training texts at about ``splade.init_active_terms`` active terms per
   text (:func:`adapt.splade.calibrate_term_bias`), then trained with the rest: a decoder's head has no
@@ -53,7 +57,7 @@ from adapt.objectives.contrastive import Contrastive
 from adapt.objectives.crops import EVAL_STREAM, Crops
 from adapt.objectives.infonce import all_gather_rows, false_negative_mask
 from adapt.splade import (SparseLM, active_terms, calibrate_term_bias, flops, idf_vectors, idf_weights, query_prefix,
-                          ranking_loss, regularizer_scale)
+                          ranking_loss, regularizer_scale, term_weights)
 
 KINDS = {"splade": {}}
 CALIBRATION_STREAM = 2  # the crops of the term bias's calibration batch: their own random stream
@@ -128,7 +132,7 @@ class Splade(Crops):
         self._accelerator = ctx.accelerator
 
     def module(self, model) -> torch.nn.Module:
-        if self.idf_queries or self.s.lexical:
+        if self.idf_queries or self.s.lexical or self.s.own_terms:
             head = model.get_output_embeddings()
             vocab = head.weight.shape[0] if head is not None else model.config.vocab_size
             documents = self.documents()
@@ -137,7 +141,8 @@ class Splade(Crops):
             log.info("splade queries: IDF over %d training documents%s", len(documents),
                      ", after a leading space" if self._prefix else "")
         bias = self.calibrate(SparseLM(model)) if self.s.term_bias else None
-        return SparseLM(model, bias, query_idf=self._idf if self.idf_queries else None)
+        return SparseLM(model, bias, query_idf=self._idf if self.idf_queries else None,
+                        pre_activation=bool(self.s.own_terms))
 
     @torch.no_grad()
     def calibrate(self, sparse: SparseLM) -> torch.Tensor:
@@ -173,9 +178,10 @@ class Splade(Crops):
     def loss_fn(self, n_queries: int, positive_keys, doc_keys, inverse, *, gather: bool):
         lambda_q, lambda_d = self._scale * self.s.lambda_q, self._scale * self.s.lambda_d
 
-        def fn(weights):  # (queries + documents, V), the chunks' order undone by `inverse`
-            dev = weights.device
-            queries, docs = self.split(weights[inverse], n_queries)
+        def fn(out):  # (queries + documents, V), the chunks' order undone by `inverse`
+            dev, out = out.device, out[inverse]
+            weights = term_weights(out) if self.s.own_terms else out  # pre-activation: see module()
+            queries, docs = self.split(weights, n_queries)
             candidates, keys, offset = docs, torch.tensor(doc_keys, dtype=torch.long, device=dev), 0
             if gather:
                 candidates, offset = all_gather_rows(docs)
@@ -189,6 +195,10 @@ class Splade(Crops):
                 own, _ = ranking_loss(self._own.to(dev), candidates, own_targets,
                                       false_negative_mask(own_keys, keys, own_targets))
                 loss = loss + self.s.lexical * own
+            if self.s.own_terms:  # each document's own tokens above 0 before relu, the rare ones first
+                own, pooled = self._own.to(dev), self.split(out, n_queries)[1]
+                floor = (own * (1 - pooled).relu()).sum(dim=1) / own.sum(dim=1).clamp_min(1e-6)
+                loss = loss + self.s.own_terms * floor.mean()
             regularizer = lambda_d * flops(docs) + (0.0 if self.idf_queries else lambda_q * flops(queries))
             return loss + regularizer, correct
         return fn
@@ -219,6 +229,7 @@ class Splade(Crops):
                 texts, n_queries, positive_keys, doc_keys = self.texts(batches[min(k, len(batches) - 1)])
                 chunks, inverse = self.chunks(texts, acc.device)
                 weights = torch.cat([model(**chunk) for chunk in chunks])[inverse]
+                weights = term_weights(weights) if self.s.own_terms else weights
                 if k >= len(batches):
                     continue
                 dev = weights.device
@@ -245,7 +256,7 @@ class Splade(Crops):
         s = self.s
         return {"pairs_from": self.c.loss, "lambda_q": s.lambda_q, "lambda_d": s.lambda_d,
                 "lambda_warmup_steps": self.warmup_steps, "top_k": s.top_k, "term_bias": s.term_bias,
-                "queries": s.queries, "lexical": s.lexical,
+                "queries": s.queries, "lexical": s.lexical, "own_terms": s.own_terms,
                 "init_active_terms": s.init_active_terms if s.term_bias else None, "batch_per_process": self.batch,
                 "mini_batch": self.mini_batch, "data": self.counts, "train_examples": len(self.train_set),
                 "eval_examples": len(self.eval_set)}
