@@ -250,6 +250,8 @@ def run(args) -> None:
                 stages = plan(name)
                 print(f"== {name} seed {seed}: " + ", ".join(f"{k} {s} steps" for k, s, _ in stages), flush=True)
                 _convert(_preset(stages, seed, f"recipe study: {name}"), out)
+            if args.no_bench:
+                continue
             run_bench([f"{out}@label={name}-s{seed}"], suite=f"standard{'-dev' if args.split == 'dev' else ''}",
                       out_dir=_bench_dir(args), limit=args.limit, update_cards=False)
 
@@ -513,6 +515,8 @@ def main() -> None:
                     "(a cheaper screening pass on dev; the finalists are scored on whole splits)")
     ap.add_argument("--order-dims", action="store_true", help="dims: also score each run exported with its "
                     "dimensions in principal order (adapt export --order-dims pca on the recipe's training text)")
+    ap.add_argument("--no-bench", action="store_true", help="run: convert only (for runs that `dims` or `report` "
+                    "score next)")
     args = ap.parse_args()
     if args.command == "plan":
         for name in _names(args.recipes):
