@@ -277,10 +277,6 @@ class SpladeConfig:
                          "each token's BM25 IDF over the training documents, no model run (sentence-transformers' "
                          "SparseStaticEmbedding behind a Router, as OpenSearch's inference-free encoders): only "
                          "documents are encoded by the model, at training and at search time", "encoder")
-    lexical: float = _help("weight of a lexical anchoring loss: each training document, as an inference-free "
-                           "query of its own tokens weighted by their IDF over the training documents, must rank "
-                           "itself first among the batch's documents; keeps a document's own terms active, as "
-                           "BM25 has them, with the expansion on top (0: off)", 0.0)
     own_terms: float = _help("weight of a loss that keeps each training document's own tokens active: the "
                              "IDF-weighted mean over its tokens of relu(1 - z), z the token's pooled logit plus its "
                              "bias (what relu cuts), so each gets a weight of at least log(2); unlike the ranking "
@@ -295,7 +291,6 @@ class SpladeConfig:
                f"{self.init_active_terms!r}")
         _check(self.own_terms >= 0, f"splade.own_terms must be 0 (off) or a positive loss weight, not "
                f"{self.own_terms!r}")
-        _check(self.lexical >= 0, f"splade.lexical must be 0 (off) or a positive loss weight, not {self.lexical!r}")
         _check(self.lambda_q >= 0 and self.lambda_d >= 0, "splade.lambda_q and splade.lambda_d must be 0 or more")
         _check(0 <= self.lambda_warmup <= 1, f"splade.lambda_warmup must be in [0, 1], not {self.lambda_warmup}")
         _check(self.top_k is None or self.top_k > 0, "splade.top_k must be a positive number of terms or null")

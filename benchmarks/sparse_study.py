@@ -41,6 +41,13 @@ SPLADE_STAGE = ["splade.train.max_steps=60", "splade.train.batch_size=16", "spla
                 "splade.train.eval_batches=2", "splade.train.save_every=20", "splade.contrastive.max_length=96",
                 "splade.contrastive.mini_batch=8"]
 
+# The SPLADE stage's settings chosen on dev (own-token floor, no FLOPS): the demo-splade preset is the chain with
+# these (tests/test_presets.py keeps the two equal).
+DEMO_SPLADE = ["splade.splade.queries=idf", "splade.splade.top_k=256", "splade.tuning.method=lora",
+               "splade.tuning.lora_r=16", "splade.tuning.lora_alpha=32", "splade.train.lr=1e-3",
+               "splade.train.max_steps=120", "splade.train.eval_every=40", "splade.train.save_every=40",
+               "splade.splade.own_terms=1.0", "splade.splade.lambda_d=0"]
+
 
 def convert(out: Path, overrides: list[str], mlm: Path | None = None) -> None:
     """``mlm,splade`` on the demo's text into ``out``; with ``mlm`` (an earlier study's finished MLM stage,

@@ -69,3 +69,24 @@ def test_preset_path_names_recipes_and_accelerate_configs():
     assert preset_path("accelerate/ddp").is_file() and preset_path("accelerate/ddp").parent.name == "accelerate"
     with pytest.raises(ConfigError, match="accelerate/fsdp"):
         preset_path("accelerate/nope")
+
+
+def test_the_splade_demo_is_the_sparse_studys_chosen_chain(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    from adapt.stages import plan_stages
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "sparse_study.py"
+    spec = importlib.util.spec_from_file_location("sparse_study", path)
+    study = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(study)
+
+    def configs(**kw):
+        return [(s.kind, {k: v for k, v in s.config.to_dict().items() if k != "description"})
+                for s in plan_stages(None, tmp_path, **kw)]
+
+    demo = configs(preset="demo-splade")
+    assert [kind for kind, _ in demo] == ["mlm", "splade"]
+    assert demo == configs(preset="demo-mlm", stages="mlm,splade", overrides=study.SPLADE_STAGE + study.DEMO_SPLADE)
+    assert demo[1][1]["splade"]["own_terms"] == 1.0 and demo[1][1]["splade"]["queries"] == "idf"

@@ -192,34 +192,8 @@ def test_bench_and_embed_send_queries_to_the_idf_route_and_documents_to_the_mode
     assert len(doc["indices"]) == int((corpus[0] > 0).sum())
 
 
-def test_lexical_anchoring_adds_each_documents_own_token_bag_as_a_query_that_must_find_it():
-    from adapt.config import RunConfig
-    from adapt.objectives.splade import Splade
-    from adapt.splade import ranking_loss
-
-    gen = torch.Generator().manual_seed(0)
-    weights = torch.rand(5, 12, generator=gen)  # 2 queries, then 3 documents: the third is the first's text again
-    own = torch.rand(3, 12, generator=gen) * (torch.rand(3, 12, generator=gen) > 0.5)
-
-    def loss(lexical):
-        objective = Splade(RunConfig.from_dict({"kind": "splade", "splade": {"lexical": lexical}}))
-        objective._own = own
-        fn = objective.loss_fn(2, [0, 1], [0, 1, 0], torch.arange(5), gather=False)
-        return fn(weights)[0]
-
-    queries, docs = weights[:2], weights[2:]
-    base = ranking_loss(queries, docs, torch.arange(2), torch.tensor([[False, False, True], [False, False, False]]))[0]
-    torch.testing.assert_close(loss(0.0), base)
-    scores = own @ docs.T  # each document's own bag against every document; the same text elsewhere is left out
-    scores[0, 2] = scores[2, 0] = float("-inf")
-    anchoring = torch.nn.functional.cross_entropy(scores, torch.arange(3))
-    torch.testing.assert_close(loss(0.5), base + 0.5 * anchoring)
-    with pytest.raises(ConfigError, match="splade.lexical"):
-        RunConfig.from_dict({"splade": {"lexical": -1}})
-
-
 @needs_st
-def test_lexical_losses_with_encoder_queries_report_own_terms_and_export_no_router(tiny_model_dir, tmp_path):
+def test_own_terms_with_encoder_queries_reports_own_terms_active_and_exports_no_router(tiny_model_dir, tmp_path):
     from tests.test_contrastive import toy_sentences
     from tests.tiny import CORPUS
 
@@ -229,10 +203,10 @@ def test_lexical_losses_with_encoder_queries_report_own_terms_and_export_no_rout
     out = tmp_path / "out"
     result = run_stages(str(tiny_model_dir), out, stages="splade", preset="tiny", data=[str(docs)],
                         overrides=["train.batch_size=4", "train.eval_batches=2", "contrastive.max_length=32",
-                                   "splade.lexical=1.0", "splade.own_terms=1.0", "splade.init_active_terms=20"],
+                                   "splade.own_terms=1.0", "splade.init_active_terms=20"],
                         show_progress=False)
     stage = result.summary["per_stage"]["1-splade"]
-    assert stage["lexical"] == 1.0 and stage["own_terms"] == 1.0 and stage["queries"] == "encoder"
+    assert stage["own_terms"] == 1.0 and stage["queries"] == "encoder"
     assert 0.0 <= stage["final_eval"]["eval/own_terms_active"] <= 1.0
     assert is_sparse_folder(out) and trained_query_idf(out) is None  # the IDF trained the documents only
 
@@ -252,6 +226,8 @@ def test_the_own_terms_floor_reaches_a_documents_inactive_tokens_through_the_poo
     base = ranking_loss(weights[:2], weights[2:], torch.arange(2))[0]
     floor = ((own * (1 - pooled[2:]).relu()).sum(1) / own.sum(1)).mean()
     torch.testing.assert_close(loss, base + 2.0 * floor)
+    with pytest.raises(ConfigError, match="splade.own_terms"):
+        RunConfig.from_dict({"splade": {"own_terms": -1}})
     loss.backward()
     dead = (pooled[2:] < 0) & (own > 0)  # a document's own token with weight 0: only the floor reaches it
     assert dead.any() and (pooled.grad[2:][dead] < 0).all()  # descent raises it
