@@ -21,6 +21,7 @@ from adapt.bidirectional import make_bidirectional
 from adapt.export import export_encoder
 from tests.test_bench_folders import write_jsonl
 from tests.tiny import CORPUS, tiny_decoder, tiny_tokenizer
+from tests.procs import failure
 
 ROOT = Path(__file__).resolve().parent.parent
 FAMILIES = ("llama", "qwen2")
@@ -76,7 +77,7 @@ def test_two_processes_score_what_one_scores(setup, free_port):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": str(ROOT)}
     run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.returncode == 0, failure(run.stderr)
     assert run.stdout.count("| task | metric |") == 1  # process 0 alone prints the report
 
     one = root / "one"
@@ -116,7 +117,7 @@ def test_mteb_tasks_over_two_processes_score_what_one_scores(setup, free_port):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": str(ROOT)}
     run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.returncode == 0, failure(run.stderr)
     assert run.stdout.count("| task | metric |") == 1
     one = run_bench([str(encoders[0])], tasks=tasks, out_dir=root / "mteb-one", batch_size=4, show_progress=False,
                     update_cards=False)

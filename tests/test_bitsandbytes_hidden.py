@@ -19,6 +19,7 @@ from adapt.config import ModelConfig, TuningConfig
 from adapt.errors import ConfigError
 from adapt.bnb import ALLOW_BNB_ENV, hide_bitsandbytes
 from adapt.loading import load_config, quantization_config
+from tests.procs import failure
 from tests.tiny import CORPUS, tiny_decoder, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,7 +45,7 @@ def _run(commands: list[list[str]], **env) -> tuple[list, str]:
            "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT), **env}
     done = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(commands)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, failure(done.stderr)
     states = [json.loads(line[6:]) for line in done.stdout.splitlines() if line.startswith("STATE ")]
     assert len(states) == len(commands), done.stdout[-2000:] + done.stderr[-2000:]
     return states, done.stdout + done.stderr

@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from adapt.cli import main
 from tests.tiny import CORPUS
+from tests.procs import failure
 
 COMMANDS = ["convert", "presets", "probe", "export", "embed", "finetune", "classify", "bench"]
 
@@ -72,7 +73,7 @@ def test_two_process_ddp_on_cpu(tiny_model_dir, tmp_path, free_port):
            "-m", "adapt", "convert", str(tiny_model_dir), "-o", str(out), "--preset", "tiny",
            "--data", str(corpus), "--quiet"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, failure(proc.stderr)
     summary = json.loads((out / "run/summary.json").read_text())
     assert summary["tokens"] == 4 * 2 * 32 * 2  # steps x batch x seq_len x processes
     assert summary["probe_after"]["bidirectional"]

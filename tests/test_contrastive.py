@@ -23,6 +23,7 @@ from adapt.runner import run_stage as train_contrastive  # a contrastive stage i
 from adapt.train import Trainer
 from adapt.errors import DataError
 from tests.tiny import tiny_decoder
+from tests.procs import failure
 
 TOPICS = ["fox", "river", "engine", "violin", "garden", "planet", "market", "winter", "castle", "doctor",
           "island", "bridge", "pencil", "tiger", "rocket", "coffee"]
@@ -174,7 +175,7 @@ def test_two_processes_gather_negatives_and_gradients(tmp_path, free_port):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", free_port,
            str(script), str(tmp_path)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, failure(proc.stderr)
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["gather_ok"]
     for prefix in ("", "matryoshka_"):  # plain InfoNCE, then summed over weighted Matryoshka prefixes

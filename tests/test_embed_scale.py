@@ -23,6 +23,7 @@ from adapt.encoder import load_encoder
 from adapt.errors import ConfigError, DataError, ModelLoadError
 from adapt.export import export_encoder
 from tests.tiny import CORPUS, TINY_CONFIGS, tiny_decoder, tiny_tokenizer
+from tests.procs import failure
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXTS = [CORPUS[i:i + 4 + (7 * i) % 90] for i in range(0, 1200, 3)]  # 400 texts of mixed lengths
@@ -136,7 +137,7 @@ def test_two_processes_write_what_one_writes(encoder_dir, inputs, tmp_path, free
     out = tmp_path / "two.parquet"
     run = subprocess.run(_torchrun(free_port, str(encoder_dir), "-i", str(path), "-o", str(out), "--shard-size", "50",
                                    "--quiet"), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.returncode == 0, failure(run.stderr)
     manifest = read_manifest(tmp_path / "two.parquet.shards")
     assert manifest["processes"] == 2 and manifest["n"] == 400 and len(manifest["shards"]) == 8
     got = np.array(pq.read_table(out).column("embedding").to_pylist(), dtype=np.float32)
@@ -172,7 +173,7 @@ def test_kill_9_mid_run_then_rerun_equals_an_uninterrupted_run(encoder_dir, inpu
         assert np.load(out / record["file"]).shape == (record["rows"], 32)
     cmd[cmd.index("--master_port") + 1] = _port()  # the killed run's rendezvous port may linger
     rerun = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert rerun.returncode == 0, failure(rerun.stderr)
     assert f"{50 - len(done)} written, {len(done)} already done" in rerun.stderr
     merge_shards(out, tmp_path / "v.npy")
     assert np.abs(np.load(tmp_path / "v.npy") - expected).max() <= 1e-5

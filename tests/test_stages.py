@@ -12,6 +12,7 @@ from adapt.errors import ConfigError, DataError, OutputExistsError
 from adapt.stages import plan_stages, run_stages
 from tests.test_contrastive import toy_sentences
 from tests.tiny import CORPUS
+from tests.procs import failure
 
 
 @pytest.fixture
@@ -158,7 +159,7 @@ def test_two_process_chain_on_cpu(tiny_model_dir, corpus, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true", "PYTHONPATH": str(Path.cwd())}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29553", str(script)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, failure(proc.stderr)
     summary = json.loads((tmp_path / "out/run/summary.json").read_text())
     assert summary["per_stage"]["1-mlm"]["tokens"] == 4 * 2 * 32 * 2  # steps x batch x seq_len x processes
     assert summary["per_stage"]["2-simcse"]["processes"] == 2 and summary["probe_after"]["bidirectional"]
