@@ -38,6 +38,17 @@ def _queries(folder):
     return _dense(SparseEncoder(str(folder), device="cpu").encode_query(QUERIES, convert_to_tensor=True))
 
 
+def _documents(folder):
+    """A training text of 28 documents (blank-line separated) for the tiny splade stages."""
+    from tests.test_contrastive import toy_sentences
+    from tests.tiny import CORPUS
+
+    docs = folder / "docs.txt"
+    docs.write_text("\n\n".join([CORPUS] * 4 + [" ".join(toy_sentences(40)[i:i + 5]) for i in range(24)]) + "\n",
+                    encoding="utf-8")
+    return docs
+
+
 def _tiny_with_idf(family, tokenizer):
     """A bidirectional tiny ``family`` decoder and the IDF of DOCS over its LM head's vocabulary."""
     model = make_bidirectional(tiny_decoder(family, vocab_size=len(tokenizer)))
@@ -131,12 +142,7 @@ def test_a_term_bias_and_idf_queries_export_together(tokenizer, tmp_path):
 def test_mlm_then_inference_free_splade_trains_documents_only_and_exports_a_router(tiny_model_dir, tmp_path):
     from sentence_transformers import SparseEncoder
 
-    from tests.test_contrastive import toy_sentences
-    from tests.tiny import CORPUS
-
-    docs = tmp_path / "docs.txt"
-    docs.write_text("\n\n".join([CORPUS] * 4 + [" ".join(toy_sentences(40)[i:i + 5]) for i in range(24)]) + "\n",
-                    encoding="utf-8")
+    docs = _documents(tmp_path)
     out = tmp_path / "out"
     result = run_stages(str(tiny_model_dir), out, stages="mlm,splade", preset="tiny", data=[str(docs)],
                         overrides=["splade.train.batch_size=4", "splade.train.eval_batches=2",
@@ -194,12 +200,7 @@ def test_bench_and_embed_send_queries_to_the_idf_route_and_documents_to_the_mode
 
 @needs_st
 def test_own_terms_with_encoder_queries_reports_own_terms_active_and_exports_no_router(tiny_model_dir, tmp_path):
-    from tests.test_contrastive import toy_sentences
-    from tests.tiny import CORPUS
-
-    docs = tmp_path / "docs.txt"
-    docs.write_text("\n\n".join([CORPUS] * 4 + [" ".join(toy_sentences(40)[i:i + 5]) for i in range(24)]) + "\n",
-                    encoding="utf-8")
+    docs = _documents(tmp_path)
     out = tmp_path / "out"
     result = run_stages(str(tiny_model_dir), out, stages="splade", preset="tiny", data=[str(docs)],
                         overrides=["train.batch_size=4", "train.eval_batches=2", "contrastive.max_length=32",
