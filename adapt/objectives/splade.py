@@ -135,8 +135,10 @@ class Splade(Crops):
             documents = self.documents()
             self._prefix = query_prefix(self.tokenizer)
             self._idf = idf_weights(self.tokenizer, documents, vocab, self._prefix)
-            log.info("splade queries: IDF over %d training documents%s", len(documents),
-                     ", after a leading space" if self._prefix else "")
+            log.info("splade: IDF over %d training documents%s, for %s", len(documents),
+                     ", after a leading space" if self._prefix else "",
+                     " and ".join(w for w, on in (("the queries", self.idf_queries),
+                                                  ("the own-token floor", self.s.own_terms)) if on))
         bias = self.calibrate(SparseLM(model)) if self.s.term_bias else None
         return SparseLM(model, bias, query_idf=self._idf if self.idf_queries else None,
                         pre_activation=bool(self.s.own_terms))
@@ -212,7 +214,6 @@ class Splade(Crops):
         model = acc.unwrap_model(module)  # no DDP collectives: processes may run different batches
         model.eval()
         sums = torch.zeros(8, dtype=torch.float64)  # loss x queries, correct, queries, query/doc terms, docs, own terms
-
         rounds = -(-len(batches) // acc.num_processes)
         with acc.autocast():
             for r in range(rounds):  # every process runs as many forwards (FSDP gathers weights in forward)
