@@ -142,7 +142,7 @@ def test_bad_preset_stages_and_bad_pairs_fail_before_any_training(tiny_model_dir
     assert not (out / "stages").exists()
 
 
-def test_two_process_chain_on_cpu(tiny_model_dir, corpus, tmp_path):
+def test_two_process_chain_on_cpu(tiny_model_dir, corpus, tmp_path, free_port):
     """mlm then simcse under torchrun (gloo): every stage sees 2 processes, SimCSE gathers negatives."""
     import os
     import subprocess
@@ -157,7 +157,8 @@ def test_two_process_chain_on_cpu(tiny_model_dir, corpus, tmp_path):
         f"data=[{str(corpus)!r}], show_progress=False)\n"
         "if torch.distributed.is_initialized():\n    torch.distributed.destroy_process_group()\n")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true", "PYTHONPATH": str(Path.cwd())}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29553", str(script)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", free_port,
+           str(script)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, failure(proc.stderr)
     summary = json.loads((tmp_path / "out/run/summary.json").read_text())
