@@ -202,12 +202,12 @@ def main() -> None:
 
     from adapt.bench.runner import resolve_task, run_bench
 
-    run = Path(args.run or args.out)
+    run, mlm = Path(args.run or args.out), Path(args.mlm) if args.mlm else None
     t0 = time.perf_counter()
     if not args.run:
-        convert(run, args.overrides, Path(args.mlm) if args.mlm else None)
+        convert(run, args.overrides, mlm)
     convert_s = round(time.perf_counter() - t0, 1)
-    encoders = exports(run, args.lean, Path(args.mlm) if args.mlm else None)
+    encoders = exports(run, args.lean, mlm)
     tasks = [t if args.split == "test" else f"{t}-dev" for t in RETRIEVAL]
     t1 = time.perf_counter()
     report = run_bench([f"{path}@label={label}" for label, path in encoders.items()], tasks=tasks,
