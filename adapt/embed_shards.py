@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -132,13 +133,21 @@ def done_shard(folder: Path, k: int) -> dict | None:
 
 
 def _clean_temporaries(folder: Path, procs: Processes) -> None:
-    """Remove half-written files a killed run of this rank's shards left (dot-names, never read)."""
-    for path in folder.glob(".shard-*"):
-        try:
-            k = int(path.name.split("-")[1].split(".")[0])
-        except (IndexError, ValueError):
+    """Remove what a killed run left half-written (dot-names, never read): this rank's shards' temporary files
+    and the temporary folders ``atomic_write_json`` writes in; rank 0 also the manifest's."""
+    for path in folder.glob(".*.tmp"):
+        if path.name.startswith(".shard-"):
+            try:
+                k = int(path.name.split("-")[1].split(".")[0])
+            except (IndexError, ValueError):
+                continue
+            if k % procs.world != procs.rank:
+                continue
+        elif not (path.name.startswith(f".{MANIFEST}.") and procs.rank == 0):
             continue
-        if k % procs.world == procs.rank:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
             path.unlink(missing_ok=True)
 
 

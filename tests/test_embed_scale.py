@@ -74,6 +74,39 @@ def test_shard_folder_manifest_rerun_and_merge(encoder_dir, inputs, tmp_path):
     assert [r["id"] for r in rows] == list(range(400)) and np.allclose([r["embedding"] for r in rows], got)
 
 
+def _leftovers(folder):
+    """What a ``kill -9`` can leave in a shard folder: a ``.npy`` being written, and the temporary folders
+    ``atomic_write_json`` writes a shard record and the manifest in."""
+    (folder / ".shard-000002.npy.4242.tmp").write_bytes(b"\x93NUMPY half")
+    for name in ("shard-000003.json", MANIFEST):
+        (folder / f".{name}.k1ll3d_.tmp").mkdir()
+        (folder / f".{name}.k1ll3d_.tmp" / name).write_text('{"rows": 6', encoding="utf-8")
+
+
+def test_rerun_clears_what_a_killed_run_left_half_written(encoder_dir, inputs, tmp_path):
+    path, expected = inputs
+    out = tmp_path / "v"
+    embed(str(encoder_dir), input_path=path, output_path=out, shard_size=64, show_progress=False)
+    (out / "shard-000003.json").unlink()
+    (out / MANIFEST).unlink()
+    _leftovers(out)
+    again = embed(str(encoder_dir), input_path=path, output_path=out, shard_size=64, show_progress=False)
+    assert (again.shards_written, again.shards_skipped) == (1, 6)
+    assert not list(out.glob(".*"))
+    merge_shards(out, tmp_path / "v.npy")
+    assert np.abs(np.load(tmp_path / "v.npy") - expected).max() <= 1e-5
+
+
+def test_each_process_clears_only_its_own_leftovers(tmp_path):
+    from adapt.embed_shards import Processes, _clean_temporaries
+
+    _leftovers(tmp_path)
+    _clean_temporaries(tmp_path, Processes(rank=1, world=2))  # shard 3 is rank 1's; 2 and the manifest are not
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".manifest.json.k1ll3d_.tmp", ".shard-000002.npy.4242.tmp"]
+    _clean_temporaries(tmp_path, Processes(rank=0, world=2))
+    assert not list(tmp_path.iterdir())
+
+
 def test_rerun_refuses_other_settings_changed_input_and_damage(encoder_dir, inputs, tmp_path):
     path, _ = inputs
     out = tmp_path / "v.npy"  # --shards with a file: shards next to it, merged into it
