@@ -215,6 +215,9 @@ class ContrastiveConfig:
                                   "data", None)
     crop_ratio: list = _help("crops: each span is this fraction of its document's words, drawn uniformly "
                              "between the two bounds (Contriever: 0.1 to 0.5)", default_factory=lambda: [0.1, 0.5])
+    query_words: list = _help("crops: the query span's length in words, drawn uniformly between the two bounds, "
+                              "e.g. [1, 16]: short queries against document spans, as search queries are; [] the "
+                              "query is cut like the document (crop_ratio)", default_factory=list)
     matryoshka_dims: list = _help("Matryoshka: also train the first N dimensions of the pooled vector, each prefix "
                                   "re-normalized, for every N listed ('full': the model's hidden size), so the "
                                   "encoder serves truncated vectors, e.g. [full, 256, 128, 64]; [] off",
@@ -237,6 +240,10 @@ class ContrastiveConfig:
                and 0 < self.crop_ratio[0] <= self.crop_ratio[1] <= 1,
                f"contrastive.crop_ratio must be [low, high] with 0 < low <= high <= 1, not {self.crop_ratio!r}")
         self.crop_ratio = [float(x) for x in self.crop_ratio]
+        q = self.query_words
+        _check(isinstance(q, (list, tuple))
+               and (not q or len(q) == 2 and all(type(x) is int for x in q) and 1 <= q[0] <= q[1]),
+               f"contrastive.query_words must be [] or [low, high] words with 1 <= low <= high, not {q!r}")
         _check(isinstance(self.query_prompt, str) and isinstance(self.document_prompt, str),
                "contrastive.query_prompt and document_prompt must be strings")
         check_matryoshka(self.matryoshka_dims, self.matryoshka_weights)

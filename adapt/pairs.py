@@ -88,6 +88,14 @@ def crop(words: list[str], rng: np.random.Generator, ratio: tuple[float, float],
     return " ".join(words[start:start + length])
 
 
+def crop_words(words: list[str], rng: np.random.Generator, low: int, high: int) -> str:
+    """A contiguous span of ``words`` of ``low`` to ``high`` words (uniform; the whole text when shorter),
+    its start uniform over the places it fits."""
+    length = min(len(words), int(rng.integers(low, high + 1)))
+    start = int(rng.integers(0, len(words) - length + 1))
+    return " ".join(words[start:start + length])
+
+
 def load_pairs(path, *, max_pairs: int | None = None):
     """Read a pairs file: one JSON object per line, ``{"query": str, "positive": str, "negatives": [str, ...]}``.
 

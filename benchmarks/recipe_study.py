@@ -113,6 +113,10 @@ RECIPES: dict[str, list[tuple[str, float, dict]]] = {
     "crops-lora-lr1e-3-len32-mrl": [("crops", 1.0, {"contrastive": {"dropout": 0.0, "max_length": 32,
                                                                     "matryoshka_dims": ["full", 288, 144, 64]},
                                                     **LORA, "train": {"lr": 1.0e-3}})],
+    # len16 with queries as short as a search query: 1 to 16 words (the documents' spans as before)
+    "crops-lora-lr1e-3-len16-q1-16": [("crops", 1.0, {"contrastive": {"dropout": 0.0, "max_length": 16,
+                                                                      "query_words": [1, 16]},
+                                                      **LORA, "train": {"lr": 1.0e-3}})],
     # len16 with twice the in-batch negatives: 64 documents' crops a step, so about half the steps
     "crops-lora-lr1e-3-len16-b64": [("crops", 1.0, {"contrastive": {"dropout": 0.0, "max_length": 16}, **LORA,
                                                     "train": {"lr": 1.0e-3, "batch_size": 64}})],

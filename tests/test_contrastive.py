@@ -21,7 +21,7 @@ from adapt.objectives.infonce import contrastive_backward, false_negative_mask, 
 from adapt.pairs import Pair, load_pairs, load_sentences
 from adapt.runner import run_stage as train_contrastive  # a contrastive stage is a run of its kind
 from adapt.train import Trainer
-from adapt.errors import DataError
+from adapt.errors import ConfigError, DataError
 from tests.tiny import tiny_decoder
 from tests.procs import failure
 
@@ -388,6 +388,28 @@ def test_crops_are_contiguous_spans_of_the_asked_length():
         lengths.add(len(span))
     assert len(lengths) > 5  # drawn, not fixed
     assert crop(words[:5], rng, (0.1, 0.5), 8, 30).split() == words[:5]  # a short document is taken whole
+
+
+def test_query_words_cuts_short_queries_against_ordinary_document_spans():
+    from adapt.config import ContrastiveConfig
+    from adapt.objectives.crops import Crops
+
+    crops = object.__new__(Crops)
+    crops.c, crops._rng = ContrastiveConfig(loss="crops", query_words=[1, 4], max_length=30), np.random.default_rng(0)
+    docs = [" ".join(f"d{d}w{i}" for i in range(100)) for d in range(50)]
+    texts, n, keys, _ = crops.texts(docs)
+    queries, positives = texts[:n], texts[n:]
+    assert n == 50 and keys[0] != keys[1]
+    assert {len(q.split()) for q in queries} == {1, 2, 3, 4}  # drawn, each length in the bounds
+    assert all(10 <= len(p.split()) <= 30 for p in positives)  # documents still cut by crop_ratio
+    for doc, q in zip(docs, queries):  # a contiguous span of its own document
+        assert f" {q} " in f" {doc} "
+    crops.c = ContrastiveConfig(loss="crops", max_length=30)
+    texts, n, _, _ = crops.texts(docs)
+    assert all(10 <= len(q.split()) <= 30 for q in texts[:n])  # unset: queries are cut like documents
+    for bad in ([0, 4], [5, 2], [1], [1.5, 3], "1,4"):
+        with pytest.raises(ConfigError, match="query_words"):
+            ContrastiveConfig(loss="crops", query_words=bad)
 
 
 def _documents(n=24):

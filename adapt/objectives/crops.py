@@ -5,6 +5,8 @@
 Each document of ``data.sources`` (a paragraph of a text file, a JSON line, a row) gives, at every
 step, two spans cut independently (each ``contrastive.crop_ratio`` of its words, at a uniform start):
 one is the query, the other its positive, the other documents' spans in the batch the negatives.
+With ``contrastive.query_words: [low, high]`` the query span is ``low`` to ``high`` words instead, as
+short as a search query.
 Unlike SimCSE's two dropout views of one sentence, the two views share meaning, not words, which is
 what retrieval asks of an encoder. Crops are a pure function of (seed, step, process), so a resumed
 run cuts the same ones. Everything else is :class:`adapt.objectives.contrastive.Contrastive`'s.
@@ -16,7 +18,7 @@ import numpy as np
 from adapt.data import resolve_data_sources
 from adapt.errors import ConfigError
 from adapt.objectives.contrastive import Contrastive
-from adapt.pairs import crop, load_documents, text_key
+from adapt.pairs import crop, crop_words, load_documents, text_key
 
 KINDS = {"crops": {"contrastive": {"loss": "crops"}}}
 
@@ -51,7 +53,8 @@ class Crops(Contrastive):
         document that appears twice in the corpus is never its own negative."""
         c = self.c
         words = [doc.split() for doc in examples]
-        spans = [(crop(w, self._rng, c.crop_ratio, MIN_CROP_WORDS, c.max_length),
+        spans = [(crop_words(w, self._rng, *c.query_words) if c.query_words
+                  else crop(w, self._rng, c.crop_ratio, MIN_CROP_WORDS, c.max_length),
                   crop(w, self._rng, c.crop_ratio, MIN_CROP_WORDS, c.max_length)) for w in words]
         keys = [text_key(doc) for doc in examples]
         return ([c.query_prompt + a for a, _ in spans] + [c.document_prompt + b for _, b in spans], len(spans),
