@@ -110,7 +110,8 @@ def presets(name, show_path):
 
     Presets are YAML recipes under presets/ with the sections model, data, objective, tuning, train
     and export; use one with `adapt convert --preset NAME` and override any value with --set."""
-    from adapt.config import PRESETS_DIR, RunConfig, list_presets, load_preset, preset_path
+    from adapt.config import RunConfig
+    from adapt.preset_files import PRESETS_DIR, list_presets, load_preset, preset_path
     from adapt.errors import ConfigError
 
     found = list_presets()

@@ -9,23 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from adapt.coerce import coerce
 from adapt.errors import ConfigError
-
-
-def _presets_dir() -> Path:
-    """adapt/presets/ in an installed wheel (package data); the checkout's top-level presets/ when run
-    from a source tree or an editable install."""
-    here = Path(__file__).resolve().parent
-    return here / "presets" if (here / "presets").is_dir() else here.parent / "presets"
-
-
-PRESETS_DIR = _presets_dir()
+from adapt.preset_files import PRESETS_DIR, accelerate_configs, list_presets, load_preset, preset_path  # noqa: F401
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -218,6 +208,8 @@ class ContrastiveConfig:
     query_words: list = _help("crops: the query span's length in words, drawn uniformly between the two bounds, "
                               "e.g. [1, 16]: short queries against document spans, as search queries are; [] the "
                               "query is cut like the document (crop_ratio)", default_factory=list)
+    query_in_document: float = _help("crops: the share of queries cut from inside their own document span, so the "
+                                     "pair shares words (the exact-term matching BM25 does; ICT keeps 10%)", 0.0)
     matryoshka_dims: list = _help("Matryoshka: also train the first N dimensions of the pooled vector, each prefix "
                                   "re-normalized, for every N listed ('full': the model's hidden size), so the "
                                   "encoder serves truncated vectors, e.g. [full, 256, 128, 64]; [] off",
@@ -244,6 +236,8 @@ class ContrastiveConfig:
         _check(isinstance(q, (list, tuple))
                and (not q or len(q) == 2 and all(type(x) is int for x in q) and 1 <= q[0] <= q[1]),
                f"contrastive.query_words must be [] or [low, high] words with 1 <= low <= high, not {q!r}")
+        _check(isinstance(self.query_in_document, (int, float)) and 0 <= self.query_in_document <= 1,
+               f"contrastive.query_in_document must be a share in [0, 1], not {self.query_in_document!r}")
         _check(isinstance(self.query_prompt, str) and isinstance(self.document_prompt, str),
                "contrastive.query_prompt and document_prompt must be strings")
         check_matryoshka(self.matryoshka_dims, self.matryoshka_weights)
@@ -384,40 +378,6 @@ class RunConfig:
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
-
-
-def list_presets() -> dict[str, Path]:
-    return {p.stem: p for p in sorted(PRESETS_DIR.glob("*.yaml"))}
-
-
-def accelerate_configs() -> dict[str, Path]:
-    """The Accelerate configs shipped with the presets, by name ``accelerate/NAME`` (for
-    ``accelerate launch --config_file "$(adapt presets --path accelerate/ddp)" -m adapt convert ...``)."""
-    return {f"accelerate/{p.stem}": p for p in sorted((PRESETS_DIR / "accelerate").glob("*.yaml"))}
-
-
-def preset_path(name: str) -> Path:
-    """The file of preset NAME or of Accelerate config ``accelerate/NAME`` (``.yaml`` optional)."""
-    found = {**list_presets(), **accelerate_configs()}
-    name = name.removesuffix(".yaml")
-    _check(name in found, f"no preset {name!r}; available: {', '.join(found)}")
-    return found[name]
-
-
-def load_preset(name_or_path: str) -> dict:
-    """A preset by name (``presets/NAME.yaml``) or a path to a YAML file, as a raw dict."""
-    path = Path(name_or_path)
-    if not path.is_file():
-        presets = list_presets()
-        _check(name_or_path in presets,
-               f"no preset {name_or_path!r}; available: {', '.join(presets)} (or give a path to a YAML file)")
-        path = presets[name_or_path]
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    _check(isinstance(raw, dict), f"{path}: a preset must be a mapping of sections")
-    return raw
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:

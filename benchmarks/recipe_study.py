@@ -117,6 +117,11 @@ RECIPES: dict[str, list[tuple[str, float, dict]]] = {
     "crops-lora-lr1e-3-len16-q1-16": [("crops", 1.0, {"contrastive": {"dropout": 0.0, "max_length": 16,
                                                                       "query_words": [1, 16]},
                                                       **LORA, "train": {"lr": 1.0e-3}})],
+    # q1-16 with half the queries cut from inside their own document span: pairs that share words (exact terms)
+    "crops-lora-lr1e-3-len16-q1-16-in50": [("crops", 1.0, {"contrastive": {"dropout": 0.0, "max_length": 16,
+                                                                           "query_words": [1, 16],
+                                                                           "query_in_document": 0.5},
+                                                           **LORA, "train": {"lr": 1.0e-3}})],
     # len16 with twice the in-batch negatives: 64 documents' crops a step, so about half the steps
     "crops-lora-lr1e-3-len16-b64": [("crops", 1.0, {"contrastive": {"dropout": 0.0, "max_length": 16}, **LORA,
                                                     "train": {"lr": 1.0e-3, "batch_size": 64}})],

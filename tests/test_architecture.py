@@ -16,7 +16,7 @@ PACKAGE = ROOT / "adapt"
 
 # Bottom to top; a module may import modules of its own layer or of layers below it.
 LAYERS = [
-    ("files, config and layout", {"errors", "io_utils", "readers", "schedule", "coerce", "config", "layout",
+    ("files, config and layout", {"errors", "io_utils", "readers", "schedule", "coerce", "config", "preset_files", "layout",
                                   "bnb"}),
     ("model primitives and data", {"arch", "bidirectional", "pooling", "loading", "tuning", "embedding", "data",
                                    "batches", "pairs", "heads", "splade"}),

@@ -412,6 +412,33 @@ def test_query_words_cuts_short_queries_against_ordinary_document_spans():
             ContrastiveConfig(loss="crops", query_words=bad)
 
 
+def test_query_in_document_cuts_that_share_of_queries_from_their_document_span():
+    from adapt.config import ContrastiveConfig
+    from adapt.objectives.crops import Crops
+    from adapt.pairs import crop_words
+
+    crops = object.__new__(Crops)
+    docs = [" ".join(f"d{d}w{i}" for i in range(200)) for d in range(400)]
+
+    def inside(share):
+        crops.c = ContrastiveConfig(loss="crops", query_words=[1, 4], query_in_document=share, max_length=30)
+        crops._rng = np.random.default_rng(0)
+        texts, n, _, _ = crops.texts(docs)
+        return [f" {q} " in f" {p} " for q, p in zip(texts[:n], texts[n:])], texts
+
+    assert all(inside(1.0)[0])
+    half = np.mean(inside(0.5)[0])
+    assert 0.4 < half < 0.65, half  # 0.5 inside by construction, plus the few independent ones that overlap
+    none, texts = inside(0.0)
+    assert np.mean(none) < 0.15
+    rng = np.random.default_rng(0)  # share 0 draws exactly what the crops drew before the option existed
+    from adapt.pairs import crop
+    expected = [(crop_words(d.split(), rng, 1, 4), crop(d.split(), rng, (0.1, 0.5), 8, 30)) for d in docs]
+    assert texts == [q for q, _ in expected] + [p for _, p in expected]
+    with pytest.raises(ConfigError, match="query_in_document"):
+        ContrastiveConfig(loss="crops", query_in_document=1.5)
+
+
 def _documents(n=24):
     return "\n\n".join(" ".join(toy_sentences(40)[i:i + 5]) for i in range(n)) + "\n"
 

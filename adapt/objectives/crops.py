@@ -6,7 +6,8 @@ Each document of ``data.sources`` (a paragraph of a text file, a JSON line, a ro
 step, two spans cut independently (each ``contrastive.crop_ratio`` of its words, at a uniform start):
 one is the query, the other its positive, the other documents' spans in the batch the negatives.
 With ``contrastive.query_words: [low, high]`` the query span is ``low`` to ``high`` words instead, as
-short as a search query.
+short as a search query; ``contrastive.query_in_document`` cuts that share of queries from inside their
+own document span (shared words: the exact-term matching BM25 does; Lee et al.'s ICT keeps 10%).
 Unlike SimCSE's two dropout views of one sentence, the two views share meaning, not words, which is
 what retrieval asks of an encoder. Crops are a pure function of (seed, step, process), so a resumed
 run cuts the same ones. Everything else is :class:`adapt.objectives.contrastive.Contrastive`'s.
@@ -52,13 +53,23 @@ class Crops(Contrastive):
         """Queries (first crops) then documents (second crops); keys name the source document, so a
         document that appears twice in the corpus is never its own negative."""
         c = self.c
-        words = [doc.split() for doc in examples]
-        spans = [(crop_words(w, self._rng, *c.query_words) if c.query_words
-                  else crop(w, self._rng, c.crop_ratio, MIN_CROP_WORDS, c.max_length),
-                  crop(w, self._rng, c.crop_ratio, MIN_CROP_WORDS, c.max_length)) for w in words]
+        spans = [self._pair(doc.split()) for doc in examples]
         keys = [text_key(doc) for doc in examples]
         return ([c.query_prompt + a for a, _ in spans] + [c.document_prompt + b for _, b in spans], len(spans),
                 keys, keys)
+
+    def _pair(self, words: list[str]) -> tuple[str, str]:
+        """(query span, document span) of one document's ``words``."""
+        c, rng = self.c, self._rng
+
+        def query(words):
+            return (crop_words(words, rng, *c.query_words) if c.query_words
+                    else crop(words, rng, c.crop_ratio, MIN_CROP_WORDS, c.max_length))
+
+        if c.query_in_document and rng.random() < c.query_in_document:
+            document = crop(words, rng, c.crop_ratio, MIN_CROP_WORDS, c.max_length)
+            return query(document.split()), document
+        return query(words), crop(words, rng, c.crop_ratio, MIN_CROP_WORDS, c.max_length)
 
 
 OBJECTIVE = Crops
