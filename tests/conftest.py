@@ -16,6 +16,7 @@ import torch
 
 torch.set_num_threads(1)
 
+from tests.procs import open_port  # noqa: E402
 from tests.tiny import tiny_decoder, tiny_tokenizer  # noqa: E402
 
 
@@ -26,11 +27,7 @@ def pytest_configure(config):
 @pytest.fixture
 def free_port() -> str:
     """A TCP port nobody listens on now, for a torch.distributed rendezvous (fixed ports collide)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
+    return open_port()
 
 
 @pytest.fixture(scope="session")

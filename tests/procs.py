@@ -1,4 +1,12 @@
 """Helpers for the tests that run adapt in subprocesses (torchrun, the CLI)."""
+import socket
+
+
+def open_port() -> str:
+    """A TCP port nobody listens on now, for a torch.distributed rendezvous (fixed ports collide)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
 
 
 def failure(stderr: str, n: int = 3000) -> str:

@@ -23,7 +23,7 @@ from adapt.encoder import load_encoder
 from adapt.errors import ConfigError, DataError, ModelLoadError
 from adapt.export import export_encoder
 from tests.tiny import CORPUS, TINY_CONFIGS, tiny_decoder, tiny_tokenizer
-from tests.procs import failure
+from tests.procs import failure, open_port
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXTS = [CORPUS[i:i + 4 + (7 * i) % 90] for i in range(0, 1200, 3)]  # 400 texts of mixed lengths
@@ -152,14 +152,6 @@ def _torchrun(port: str, *args) -> list[str]:
             "--master_port", port, "-m", "adapt", "embed", *args]
 
 
-def _port() -> str:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
 def _env():
     return {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
             "PYTHONPATH": str(ROOT)}
@@ -204,7 +196,7 @@ def test_kill_9_mid_run_then_rerun_equals_an_uninterrupted_run(encoder_dir, inpu
     for name in done:
         record = json.loads((out / name).read_text())
         assert np.load(out / record["file"]).shape == (record["rows"], 32)
-    cmd[cmd.index("--master_port") + 1] = _port()  # the killed run's rendezvous port may linger
+    cmd[cmd.index("--master_port") + 1] = open_port()  # the killed run's rendezvous port may linger
     rerun = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, failure(rerun.stderr)
     assert f"{50 - len(done)} written, {len(done)} already done" in rerun.stderr
