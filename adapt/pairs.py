@@ -83,15 +83,16 @@ def crop(words: list[str], rng: np.random.Generator, ratio: tuple[float, float],
     at most ``max_words``), its start uniform over the places it fits (Izacard et al., 2022, Contriever)."""
     n = len(words)
     length = int(round(rng.uniform(*ratio) * n))
-    length = max(1, min(n, max_words, max(min_words, length)))
-    start = int(rng.integers(0, n - length + 1))
-    return " ".join(words[start:start + length])
+    return _span(words, rng, max(1, min(n, max_words, max(min_words, length))))
 
 
 def crop_words(words: list[str], rng: np.random.Generator, low: int, high: int) -> str:
     """A contiguous span of ``words`` of ``low`` to ``high`` words (uniform; the whole text when shorter),
     its start uniform over the places it fits."""
-    length = min(len(words), int(rng.integers(low, high + 1)))
+    return _span(words, rng, min(len(words), int(rng.integers(low, high + 1))))
+
+
+def _span(words: list[str], rng: np.random.Generator, length: int) -> str:
     start = int(rng.integers(0, len(words) - length + 1))
     return " ".join(words[start:start + length])
 
