@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import hashlib
 import json
 import shutil
@@ -369,16 +370,12 @@ def kept_table(result, names: list[str]) -> dict:
     tasks = list(dict.fromkeys(r["task"] for r in rows))
     values = {(r["model"], r["task"]): r["value"] for r in rows}
 
-    cache = {}
-
-    def averages(model):  # (sizes,) observed and (sizes, resamples) bootstrapped; a model of a seed group is asked twice
-        if model in cache:
-            return cache[model]
+    @functools.cache  # a model of a seed group is asked twice
+    def averages(model):  # (sizes,) observed and (sizes, resamples) bootstrapped
         observed = [float(np.mean([values[(f"{model}@dim={d}", t)] for t in tasks])) for d in DIMS]
         boot = [np.mean([stats.bootstrap(result.items[(f"{model}@dim={d}", t)], key=t) for t in tasks], axis=0)
                 for d in DIMS]
-        cache[model] = np.array(observed), np.stack(boot)
-        return cache[model]
+        return np.array(observed), np.stack(boot)
 
     groups = {name: [name] for name in names}
     for name in names:

@@ -60,16 +60,18 @@ class Crops(Contrastive):
 
     def _pair(self, words: list[str]) -> tuple[str, str]:
         """(query span, document span) of one document's ``words``."""
-        c, rng = self.c, self._rng
+        c = self.c
+        if c.query_in_document and self._rng.random() < c.query_in_document:
+            document = self._document(words)
+            return self._query(document.split()), document
+        return self._query(words), self._document(words)
 
-        def query(words):
-            return (crop_words(words, rng, *c.query_words) if c.query_words
-                    else crop(words, rng, c.crop_ratio, MIN_CROP_WORDS, c.max_length))
+    def _query(self, words: list[str]) -> str:
+        c = self.c
+        return crop_words(words, self._rng, *c.query_words) if c.query_words else self._document(words)
 
-        if c.query_in_document and rng.random() < c.query_in_document:
-            document = crop(words, rng, c.crop_ratio, MIN_CROP_WORDS, c.max_length)
-            return query(document.split()), document
-        return query(words), crop(words, rng, c.crop_ratio, MIN_CROP_WORDS, c.max_length)
+    def _document(self, words: list[str]) -> str:
+        return crop(words, self._rng, self.c.crop_ratio, MIN_CROP_WORDS, self.c.max_length)
 
 
 OBJECTIVE = Crops
