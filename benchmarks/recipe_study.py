@@ -131,6 +131,10 @@ RECIPES: dict[str, list[tuple[str, float, dict]]] = {
     # cropped about 22 times; the mix holds 2,636 documents (the 39-step test of the mix was too short to tell)
     "crops-lora-lr1e-3-len16-mix": [("crops", 1.0, {"contrastive": {"dropout": 0.0, "max_length": 16}, **LORA,
                                                     "train": {"lr": 1.0e-3}, "data": {"sources": ["study:mix"]}})],
+    # len16 with full fine-tuning in place of LoRA (the study's full-vs-LoRA question at the best crop length),
+    # at a rate raised for 204 steps as LoRA's was (3e-5 is the contrastive default for long runs)
+    "crops-full-lr1e-4-len16": [("crops", 1.0, {"contrastive": {"dropout": 0.0, "max_length": 16},
+                                                "train": {"lr": 1.0e-4}})],
     # the demo's recipe on four domains of text in place of the 300 news articles (benchmarks/study_corpus.py)
     "crops-lora-lr1e-3-mix": [("crops", 1.0, {"contrastive": {"dropout": 0.0}, **LORA, "train": {"lr": 1.0e-3},
                                               "data": {"sources": ["study:mix"]}})],
