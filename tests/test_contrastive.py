@@ -439,6 +439,27 @@ def test_query_in_document_cuts_that_share_of_queries_from_their_document_span()
         ContrastiveConfig(loss="crops", query_in_document=1.5)
 
 
+@pytest.mark.parametrize("loss,setting", [("simcse", {"query_words": [1, 8]}),
+                                          ("simcse", {"crop_ratio": [0.2, 0.4], "query_in_document": 0.1}),
+                                          ("pairs", {"query_in_document": 0.5})])
+def test_crops_settings_on_a_stage_that_cuts_no_crops_are_an_error(tiny_model_dir, tmp_path, loss, setting):
+    """They were silently ignored: a SimCSE or pairs stage reads no crop settings."""
+    corpus = _write(tmp_path / "c.txt", toy_sentences(40))
+    pairs = tmp_path / "p.jsonl"
+    pairs.write_text("".join(json.dumps({"query": x.query, "positive": x.positive}) + "\n" for x in toy_pairs()))
+    cfg = _cfg(tiny_model_dir, data={"sources": [str(corpus)]},
+               contrastive={"loss": loss, **({"pairs": str(pairs)} if loss == "pairs" else {}), **setting})
+    with pytest.raises(ConfigError, match="only shape crops") as err:
+        train_contrastive(cfg, tmp_path / "o", show_progress=False)
+    assert all(f"contrastive.{k}" in str(err.value) for k in setting)
+    assert not (tmp_path / "o").exists()
+    # the same settings on a crops stage are read, not refused
+    from adapt.objectives.crops import Crops
+
+    assert Crops(_cfg(tiny_model_dir, contrastive={"loss": "crops", **setting})).c.query_in_document == \
+        setting.get("query_in_document", 0.0)
+
+
 def _documents(n=24):
     return "\n\n".join(" ".join(toy_sentences(40)[i:i + 5]) for i in range(n)) + "\n"
 

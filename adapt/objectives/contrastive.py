@@ -39,6 +39,18 @@ from adapt.pairs import data_fingerprint, load_pairs, load_sentences, split_eval
 log = logging.getLogger(__name__)
 
 KINDS = {"simcse": {"contrastive": {"loss": "simcse"}}, "contrastive": {"contrastive": {"loss": "pairs"}}}
+CROP_SETTINGS = ("crop_ratio", "query_words", "query_in_document")  # read only where crops are cut
+
+
+def check_crop_settings(c, what: str) -> None:
+    """A stage that cuts no crops (SimCSE sentences, supervised pairs) would silently ignore the crops settings:
+    an error that names them, so that a user does not believe a setting trained what it did not."""
+    defaults = type(c)()
+    changed = [k for k in CROP_SETTINGS if getattr(c, k) != getattr(defaults, k)]
+    if changed:
+        raise ConfigError(f"contrastive.{', contrastive.'.join(changed)} only shape crops cut from documents "
+                          f"(kind: crops, or a splade stage without pairs); this stage trains on {what}: remove "
+                          f"{'them' if len(changed) > 1 else 'it'}, or use kind: crops")
 
 
 class Contrastive(ObjectiveBase):
@@ -46,6 +58,7 @@ class Contrastive(ObjectiveBase):
 
     micro_batches = 1  # the whole batch is one micro-batch: grad_accum enlarges it through caching
     example_name = "sentences"  # what the examples are called in messages
+    cuts_crops = False  # whether the crops settings (CROP_SETTINGS) shape this stage's examples
 
     def __init__(self, cfg: RunConfig):
         self.cfg, self.kind, self.c = cfg, cfg.kind, cfg.contrastive
@@ -55,6 +68,8 @@ class Contrastive(ObjectiveBase):
         self.train_set = self.eval_set = None
         self.sizes: list[tuple[int, float]] = []  # Matryoshka (size, weight), largest first; [] off
         self.hidden_size = None
+        if not self.cuts_crops:
+            check_crop_settings(self.c, "supervised pairs" if self.c.loss == "pairs" else "SimCSE sentences")
 
     # ---- data -----------------------------------------------------------------------------
     def load_examples(self) -> tuple[list, dict]:

@@ -29,6 +29,7 @@ EVAL_STREAM = 1
 
 class Crops(Contrastive):
     example_name = "documents"
+    cuts_crops = True
 
     def load_examples(self):
         c, d = self.c, self.cfg.data

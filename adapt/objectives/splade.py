@@ -50,7 +50,7 @@ from adapt.config import RunConfig
 from adapt.embedding import tokenize
 from adapt.errors import ConfigError
 from adapt.objectives import StageContext, StepOutput
-from adapt.objectives.contrastive import Contrastive
+from adapt.objectives.contrastive import Contrastive, check_crop_settings
 from adapt.objectives.crops import EVAL_STREAM, Crops
 from adapt.objectives.infonce import all_gather_rows, false_negative_mask
 from adapt.splade import (SparseLM, active_terms, calibrate_term_bias, flops, idf_vectors, idf_weights, query_prefix,
@@ -75,6 +75,8 @@ class Splade(Crops):
         # Matryoshka sizes (prefixes of a dense vector) do not apply to vocabulary weights
         self.c = dataclasses.replace(cfg.contrastive, loss="pairs" if cfg.contrastive.pairs else "crops",
                                      matryoshka_dims=[], matryoshka_weights=[])
+        if self.c.loss == "pairs":
+            check_crop_settings(self.c, "supervised pairs (contrastive.pairs)")
         self.dropout = self.c.dropout  # as the model has, unless asked: no SimCSE views here
         self.example_name = "pairs" if self.c.loss == "pairs" else "documents"
         self.warmup_steps = round(self.s.lambda_warmup * cfg.train.max_steps)
