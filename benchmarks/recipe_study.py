@@ -339,7 +339,8 @@ def report(args) -> None:
 
 def quick_check(args, runs: list[str], seeds: list[int]) -> None:
     """The same runs on the ``quick`` suite, whole (gensim's Lee similarity documents, movie-review polarity,
-    newsgroups, Wikipedia): other text and task shapes than ``standard``'s, never used to choose a recipe.
+    newsgroups, Wikipedia): other text and task shapes than ``standard``'s; not where a recipe is picked, but a
+    check that the pick holds off the suite.
     A recipe that climbs ``standard`` through its headword-to-definition retrieval tasks and loses here is
     better on the suite, not in general (the sixth screening). Writes ``recipe_study_TAG_quick.*`` and
     ``recipe_study_TAG_quick_seeds.*`` (each recipe over its seeds against the source's causal mean pooling,
