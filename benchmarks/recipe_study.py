@@ -149,6 +149,10 @@ RECIPES: dict[str, list[tuple[str, float, dict]]] = {
     "crops-lora-lr1e-3-len16-L22": [("crops", 1.0, {"contrastive": {"dropout": 0.0, "max_length": 16}, **LORA,
                                                     "train": {"lr": 1.0e-3},
                                                     "model": {"source": str(ROOT / "runs" / "layer-probe" / "L22")}})],
+    # len16 at temperature 0.02 in place of Contriever's 0.05 (E5 and BGE train at 0.01-0.02)
+    "crops-lora-lr1e-3-len16-t02": [("crops", 1.0, {"contrastive": {"dropout": 0.0, "max_length": 16,
+                                                                    "temperature": 0.02},
+                                                    **LORA, "train": {"lr": 1.0e-3}})],
     # the demo's recipe on four domains of text in place of the 300 news articles (benchmarks/study_corpus.py)
     "crops-lora-lr1e-3-mix": [("crops", 1.0, {"contrastive": {"dropout": 0.0}, **LORA, "train": {"lr": 1.0e-3},
                                               "data": {"sources": ["study:mix"]}})],
