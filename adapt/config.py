@@ -160,6 +160,9 @@ class ExportConfig:
     normalize: bool = _help("L2-normalize embeddings", False)
     max_seq_length: int = _help("encoder max sequence length", 512)
     prompts: dict = _help("prompts by name, e.g. {query: 'query: '}", default_factory=dict)
+    sink_prompt: str = _help("text put before every text (in training too) and left out of pooling, with the "
+                             "prompts: the first position of a decoder is an attention sink, and with no BOS token "
+                             "a text's first word is lost to it (adapt.pooling). '\\n' | '' (none)", "")
     dtype: str | None = _help("saved dtype: float32, bfloat16, float16 (default: as trained)", None)
     order_dims: str = _help("pca: turn the pooled vector onto the principal axes of the stage's training text "
                             "(an orthogonal Dense layer: full-size similarities unchanged), so its first N "
@@ -169,6 +172,7 @@ class ExportConfig:
     def __post_init__(self):
         _check(self.pooling in ("mean", "weightedmean", "lasttoken", "cls"),
                f"export.pooling must be mean, weightedmean, lasttoken or cls, not {self.pooling!r}")
+        _check(isinstance(self.sink_prompt, str), f"export.sink_prompt must be a string, not {self.sink_prompt!r}")
         _check(self.order_dims in ("none", "pca"), f"export.order_dims must be none or pca, not {self.order_dims!r}")
         _check(isinstance(self.order_texts, int) and self.order_texts >= 2,
                f"export.order_texts must be a whole number of texts, 2 or more, not {self.order_texts!r}")

@@ -77,9 +77,10 @@ def stage_texts(cfg) -> list[str]:
 
 
 def fit_order(model, tokenizer, texts: list[str], *, pooling: str, max_length: int,
-              prompt: str = "") -> tuple[torch.Tensor, dict]:
+              prompt: str = "", sink_prompt: str = "") -> tuple[torch.Tensor, dict]:
     """The ``(H, H)`` rotation (``Dense`` weight) that puts ``model``'s pooled vectors in principal order,
-    fitted on ``texts``, and what the manifest records of it. ``model``'s train/eval mode is kept."""
+    fitted on ``texts``, and what the manifest records of it. ``model``'s train/eval mode is kept. With a
+    ``sink_prompt`` the texts are pooled as the export pools them: sink and prompt before, left out of pooling."""
     from adapt.encoder import EncodeWarning, Encoder
     from adapt.export import backbone_of
     from adapt.pooling import pooling_name
@@ -87,11 +88,11 @@ def fit_order(model, tokenizer, texts: list[str], *, pooling: str, max_length: i
     backbone = backbone_of(model)
     was_training = backbone.training
     encoder = Encoder(backbone, tokenizer, name="order_dims", pooling=pooling_name(pooling), normalize=False,
-                      max_length=int(max_length))
+                      max_length=int(max_length), include_prompt=not sink_prompt)
     try:
         with warnings.catch_warnings():  # spans cut at max_seq_length, as the encoder cuts them in use
             warnings.simplefilter("ignore", EncodeWarning)
-            vectors = encoder.encode(texts, batch_size=32, prompt=prompt)
+            vectors = encoder.encode(texts, batch_size=32, prompt=sink_prompt + prompt)
     finally:
         backbone.train(was_training)
     axes = principal_axes(vectors)

@@ -33,12 +33,13 @@ class Embedder(torch.nn.Module):
         self.pooling = pooling_name(pooling)
         self.absolute = facts_for(backbone_of(model).config).absolute_positions
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                prompt_length: torch.Tensor | None = None) -> torch.Tensor:
+        """``prompt_length`` (B,): each row's leading tokens left out of pooling (a sink prompt and its prompt)."""
         kwargs = {"position_ids": position_ids_from_mask(attention_mask)} if self.absolute else {}
         hidden = backbone_of(self.model)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
                                          **kwargs).last_hidden_state  # (B, T, H)
-        return pool(hidden.float(), attention_mask, self.pooling)
+        return pool(hidden.float(), attention_mask, self.pooling, 0 if prompt_length is None else prompt_length)
 
 
 def tokenize(tokenizer, texts: list[str], max_length: int, device=None) -> dict[str, torch.Tensor]:

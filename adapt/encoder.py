@@ -38,7 +38,7 @@ from adapt.bnb import check_quantized_weights
 from adapt.errors import ConfigError, ModelLoadError
 from adapt.st_folder import load_projection, read_st_settings
 from adapt.loading import looks_like_hub_id, parse_dtype, resolve_source
-from adapt.pooling import pool, pooling_name
+from adapt.pooling import check_sink, pool, pooling_name, prompt_token_count, sink_prompts
 
 log = logging.getLogger(__name__)
 
@@ -143,9 +143,7 @@ class Encoder:
     def _prompt_length(self, prompt: str) -> int:
         """Prompt tokens excluded from pooling when the folder says ``include_prompt: false``."""
         if prompt not in self._prompt_lengths:
-            ids = self.tokenizer([prompt], add_special_tokens=True)["input_ids"][0]
-            n = len(ids) - (1 if ids and ids[-1] in self.tokenizer.all_special_ids else 0)
-            self._prompt_lengths[prompt] = n
+            self._prompt_lengths[prompt] = prompt_token_count(self.tokenizer, prompt)
         return self._prompt_lengths[prompt]
 
     @torch.inference_mode()
@@ -257,14 +255,16 @@ def _batches(order: list[int], lengths: list[int], batch_size: int, max_tokens: 
 def load_encoder(source, *, pooling: str | None = None, bidirectional: bool | None = None,
                  normalize: bool | None = None, dtype="auto", device: str | None = None,
                  max_length: int | None = None, trust_remote_code: bool = False,
-                 backend: str | None = None, truncate_dim: int | None = None) -> Encoder:
+                 backend: str | None = None, truncate_dim: int | None = None, sink_prompt: str | None = None) -> Encoder:
     """Load an exported encoder, a sentence-transformers model or a raw decoder (folder or hub id).
 
     ``dtype``: "auto" is fp32 on CPU and bf16 (else fp16) on a GPU; or bf16/fp16/fp32. ``backend``: None
     runs the graph an exported folder holds (``adapt export --backend onnx|openvino``, see
     :mod:`adapt.backends`) and torch otherwise; "torch", "onnx" or "openvino" ask for one. Anything
     that is not a loadable model raises :class:`ModelLoadError` saying why. ``truncate_dim``: see
-    :func:`truncated`.
+    :func:`truncated`. ``sink_prompt`` (a raw decoder only; an exported encoder keeps what it was trained with):
+    put this text before every text and leave it out of pooling, as ``export.sink_prompt`` does
+    (:data:`adapt.pooling.DEFAULT_SINK`).
     """
     from transformers import AutoConfig, AutoModel, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -287,7 +287,13 @@ def load_encoder(source, *, pooling: str | None = None, bidirectional: bool | No
     model_dir = str(st["transformer_path"]) if st else str(source)
     if path.is_dir() and not gguf_file and not (Path(model_dir) / "config.json").is_file():
         raise ModelLoadError(f"{model_dir} is not an encoder or decoder folder: it has no config.json")
-    st = st or {"prompts": {}, "default_prompt_name": None, "include_prompt": True, "do_lower_case": False}
+    if st and sink_prompt:
+        raise ConfigError(f"{source} is an exported encoder: its prompts and pooling are the ones it was trained "
+                          "with; a sink prompt applies to a raw decoder only")
+    if not st:
+        prompts, default_name, include = sink_prompts({}, sink_prompt or "")
+        st = {"prompts": prompts, "default_prompt_name": default_name, "include_prompt": include,
+              "do_lower_case": False}
     graph = _pick_backend(path if st.get("transformer_path") else None, backend)
     if graph is not None:
         return truncated(_load_graph_encoder(path, Path(model_dir), graph, st, pooling=pooling, normalize=normalize,
@@ -324,6 +330,7 @@ def load_encoder(source, *, pooling: str | None = None, bidirectional: bool | No
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
+    check_sink(tokenizer, sink_prompt or "", where=f"{source}: sink prompt")
     if bidirectional is True:
         make_bidirectional(model)
     model.to(device)

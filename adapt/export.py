@@ -29,7 +29,7 @@ from adapt.errors import ConfigError, ModelLoadError, NotBidirectionalError
 from adapt.io_utils import atomic_write_text, read_json
 from adapt.layout import RUN
 from adapt.loading import parse_dtype
-from adapt.pooling import POOLINGS, pooling_name
+from adapt.pooling import POOLINGS, check_sink, pooling_name, sink_prompts
 
 MANIFEST = "adapt_export.json"
 _TEXT_ONLY = {"text": {"method": "forward", "method_output_name": "last_hidden_state"}}
@@ -96,7 +96,8 @@ def export_target(model, out_dir, max_seq_length: int | None) -> tuple[Path, int
 def export_encoder(model, tokenizer, out_dir, *, pooling: str = "mean", normalize: bool = False,
                    max_seq_length: int = 512, prompts: dict[str, str] | None = None, dtype=None,
                    card: dict | None = None, source: str | None = None,
-                   matryoshka_dims: list[int] | None = None, rotation=None, order: dict | None = None) -> Path:
+                   matryoshka_dims: list[int] | None = None, rotation=None, order: dict | None = None,
+                   sink_prompt: str = "") -> Path:
     """Write ``model`` (bidirectional, in memory) and ``tokenizer`` to ``out_dir`` as a sentence-transformers encoder.
 
     ``dtype``: bf16/fp16/fp32 for the saved weights (None keeps the model's). ``prompts``: named
@@ -107,8 +108,13 @@ def export_encoder(model, tokenizer, out_dir, *, pooling: str = "mean", normaliz
     ``rotation``: an orthogonal ``(H, H)`` matrix applied to the pooled vector as a ``Dense`` layer (dimensions in
     principal order, :mod:`adapt.dim_order`); ``order`` is what the manifest records of how it was fitted. Raises
     :class:`NotBidirectionalError` (leaving ``out_dir`` as it was) if the reloaded folder is causal.
+    ``sink_prompt`` (``export.sink_prompt``): put before every prompt, a prompt named ``default`` that is the sink
+    alone (used when none is asked for), and every prompt left out of pooling (:func:`adapt.pooling.sink_prompts`);
+    the manifest keeps ``prompts`` as given and the sink apart.
     """
     pooling = pooling_name(pooling)
+    check_sink(tokenizer, sink_prompt)
+    st_prompts, default_prompt, include_prompt = sink_prompts(prompts, sink_prompt)
     torch_dtype = parse_dtype(dtype)
     backbone = backbone_of(model)
     config = backbone.config
@@ -129,12 +135,13 @@ def export_encoder(model, tokenizer, out_dir, *, pooling: str = "mean", normaliz
         finally:
             config.architectures, config.pad_token_id = saved
         model_dtype = torch_dtype or next(backbone.parameters()).dtype
-        _build(stage, built, pooling=pooling, normalize=normalize, prompts=prompts, attn=attn, dtype=model_dtype,
-               dims=dims, rotation=rotation)
+        _build(stage, built, pooling=pooling, normalize=normalize, prompts=st_prompts, attn=attn, dtype=model_dtype,
+               dims=dims, rotation=rotation, default_prompt=default_prompt, include_prompt=include_prompt)
         report = probe_folder(built, where=f"export to {out_dir}")
         manifest = {"adapt_export": 1, "source": source, "pooling": pooling, "normalize": bool(normalize),
                     "dtype": str(model_dtype).removeprefix("torch."), "max_seq_length": max_seq_length,
-                    "attn_implementation": attn, "prompts": prompts or {}, "matryoshka_dims": dims, "card": card or {},
+                    "attn_implementation": attn, "prompts": prompts or {}, "sink_prompt": sink_prompt,
+                    "matryoshka_dims": dims, "card": card or {},
                     "order_dims": (order or {"method": "given"}) if rotation is not None else None,
                     "probe": report.to_dict()}
         publish(built, out_dir, manifest)
@@ -179,7 +186,8 @@ def check_rotation(rotation, hidden_size: int):
     return rotation
 
 
-def _build(stage: Path, built: Path, *, pooling, normalize, prompts, attn, dtype, dims=(), rotation=None) -> None:
+def _build(stage: Path, built: Path, *, pooling, normalize, prompts, attn, dtype, dims=(), rotation=None,
+           default_prompt=None, include_prompt=True) -> None:
     """Assemble the sentence-transformers modules from the staged backbone and save them to ``built``."""
     import torch
     from sentence_transformers import SentenceTransformer
@@ -189,13 +197,13 @@ def _build(stage: Path, built: Path, *, pooling, normalize, prompts, attn, dtype
     transformer = Transformer(str(stage), model_kwargs={"attn_implementation": attn, "dtype": dtype},
                               modality_config=_TEXT_ONLY, module_output_name="token_embeddings")
     size = transformer.get_embedding_dimension()
-    modules = [transformer, Pooling(size, pooling_mode=POOLINGS[pooling])]
+    modules = [transformer, Pooling(size, pooling_mode=POOLINGS[pooling], include_prompt=include_prompt)]
     if rotation is not None:  # fp32 whatever the backbone's dtype: it runs on the fp32 pooled vector
         modules.append(Dense(size, size, bias=False, activation_function=torch.nn.Identity(), init_weight=rotation))
     if normalize:
         modules.append(Normalize())
-    st = SentenceTransformer(modules=modules, prompts=dict(prompts or {}), similarity_fn_name="cosine",
-                             device="cpu")
+    st = SentenceTransformer(modules=modules, prompts=dict(prompts or {}), default_prompt_name=default_prompt,
+                             similarity_fn_name="cosine", device="cpu")
     st.save(str(built), create_model_card=False)
     pin_attention(built, attn)
     if dims:  # sentence-transformers ignores the key; `truncate_dim` there would truncate every load
@@ -310,6 +318,9 @@ def render_card(name: str, manifest: dict) -> str:
     lines += [f"| max sequence length | {manifest['max_seq_length']} |", f"| dtype | {manifest['dtype']} |",
               f"| attention | {manifest['attn_implementation']} |"]
     lines += [f"| prompt `{key}` | `{value!r}` |" for key, value in (manifest.get("prompts") or {}).items()]
+    if manifest.get("sink_prompt"):
+        lines.append(f"| sink prompt | `{manifest['sink_prompt']!r}` before every text (the default prompt), left out "
+                     "of pooling with the prompts: the decoder's first position is an attention sink |")
     dims = manifest.get("matryoshka_dims") or []
     if dims:
         lines.append(f"| Matryoshka sizes (`truncate_dim`) | {', '.join(map(str, dims))} |")

@@ -224,7 +224,8 @@ def export_from_path(source, out_dir, *, pooling: str | None = None, normalize: 
         raise ModelLoadError(f"{model_dir}: cannot load the model or tokenizer: {err}") from err
     settings = dict(pooling=pooling or previous.get("pooling", "mean"),
                     max_seq_length=max_seq_length or previous.get("max_seq_length") or 512,
-                    prompts=previous.get("prompts") if prompts is None else prompts)
+                    prompts=previous.get("prompts") if prompts is None else prompts,
+                    sink_prompt=previous.get("sink_prompt") or "")
     if order_dims is None:
         rotation = previous_rotation(model_dir, previous, pooling)
         order = previous.get("order_dims") if rotation is not None else None
@@ -267,7 +268,7 @@ def _fit_order(order_dims: str, data, model, tokenizer, settings: dict, runs_tex
         return None, None
     texts = fitting_texts(data) if data else runs_texts()
     return fit_order(model, tokenizer, texts, pooling=settings["pooling"], max_length=settings["max_seq_length"],
-                     prompt=(settings["prompts"] or {}).get("document", ""))
+                     prompt=(settings["prompts"] or {}).get("document", ""), sink_prompt=settings["sink_prompt"])
 
 
 def _export_checkpoint(ckpt: Path, out_dir, *, pooling, normalize, max_seq_length, prompts, dtype, card, kind=None,
@@ -292,7 +293,7 @@ def _export_checkpoint(ckpt: Path, out_dir, *, pooling, normalize, max_seq_lengt
                              dtype=dtype if dtype is not None else exp.dtype, card={**facts, **(card or {})},
                              source=cfg.model.source)
     settings = dict(pooling=pooling or exp.pooling, max_seq_length=max_seq_length or exp.max_seq_length,
-                    prompts=prompts)
+                    prompts=prompts, sink_prompt=exp.sink_prompt)
     if order_dims is None:  # as the run exports (its texts, its pooling)
         fitted = replace(cfg, export=replace(exp, pooling=settings["pooling"], max_seq_length=settings["max_seq_length"]))
         rotation, order = ordered_dims(fitted, loaded.model, loaded.tokenizer, settings["prompts"])

@@ -83,7 +83,8 @@ def ordered_dims(cfg: RunConfig, model, tokenizer, prompts: dict | None = None):
     from adapt.dim_order import fit_order, stage_texts
 
     return fit_order(model, tokenizer, stage_texts(cfg), pooling=cfg.export.pooling,
-                     max_length=cfg.export.max_seq_length, prompt=(prompts or {}).get("document", ""))
+                     max_length=cfg.export.max_seq_length, prompt=(prompts or {}).get("document", ""),
+                     sink_prompt=cfg.export.sink_prompt)
 
 
 def _check_fingerprint(run_dir: Path, fingerprint: dict | None, resume: bool) -> None:
@@ -155,7 +156,8 @@ def run_stage(cfg: RunConfig, out, *, resume: bool = False, overwrite: bool = Fa
         else:
             rotation, order = ordered_dims(cfg, merged, tokenizer, prompts)
             export_encoder(merged, tokenizer, out, pooling=cfg.export.pooling, normalize=cfg.export.normalize,
-                           matryoshka_dims=objective.matryoshka_dims(), rotation=rotation, order=order, **common)
+                           matryoshka_dims=objective.matryoshka_dims(), rotation=rotation, order=order,
+                           sink_prompt=cfg.export.sink_prompt, **common)
         summary["probe_after"] = probe_saved(out).to_dict()
         summary["wall_seconds"] = round(time.perf_counter() - t0, 1)
         atomic_write_json(run_dir / layout.SUMMARY, summary)

@@ -294,6 +294,7 @@ def _publish(plan: list[Stage], out: Path, summaries: dict) -> dict:
     export_encoder(model, tokenizer, out, pooling=manifest["pooling"], normalize=manifest["normalize"],
                    max_seq_length=manifest["max_seq_length"], prompts=manifest.get("prompts") or None, dtype=dtype,
                    card=card, source=source, matryoshka_dims=manifest.get("matryoshka_dims"),
-                   rotation=previous_rotation(last, manifest, None), order=manifest.get("order_dims"))
+                   rotation=previous_rotation(last, manifest, None), order=manifest.get("order_dims"),
+                   sink_prompt=manifest.get("sink_prompt") or "")
     return {"source": source, "stages": [s.name for s in plan], "per_stage": summaries,
             "final": str(plan[-1].dir), "probe_after": probe_saved(out).to_dict()}

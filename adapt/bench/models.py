@@ -20,7 +20,7 @@ from adapt.errors import ConfigError
 log = logging.getLogger(__name__)
 REFERENCE_LABEL = "all-MiniLM-L6-v2 (reference)"
 
-OPTION_KEYS = ("pooling", "bidirectional", "normalize", "dtype", "label")
+OPTION_KEYS = ("pooling", "bidirectional", "normalize", "sink", "dtype", "label")
 _TRUE, _FALSE = {"true", "yes", "1", "on"}, {"false", "no", "0", "off"}
 _GENERIC_NAMES = {"model", "models", "encoder", "export", "final", "out", "output", "best", "latest"}
 
@@ -47,12 +47,14 @@ class ModelSpec:
     pooling: str | None = None
     bidirectional: bool | None = None
     normalize: bool | None = None
+    sink: bool = False
     dtype: str = "auto"
     label: str | None = None
 
     @classmethod
     def parse(cls, text: str) -> ModelSpec:
-        """``SOURCE[@key=value,...]``; keys: pooling, bidirectional, normalize, dtype, label."""
+        """``SOURCE[@key=value,...]``; keys: pooling, bidirectional, normalize, sink, dtype, label. ``sink=true``
+        (a raw decoder): a sink prompt before every text, left out of pooling (``adapt.pooling.DEFAULT_SINK``)."""
         source, sep, opts = text.rpartition("@")
         if not sep or not opts or "=" not in opts:
             return cls(source=text)
@@ -61,7 +63,7 @@ class ModelSpec:
             key, eq, value = (s.strip() for s in item.partition("="))
             if not eq or key not in OPTION_KEYS:
                 raise ConfigError(f"model spec {text!r}: unknown option {key!r}; known: {', '.join(OPTION_KEYS)}")
-            if key in ("bidirectional", "normalize"):
+            if key in ("bidirectional", "normalize", "sink"):
                 if value.lower() not in _TRUE | _FALSE:
                     raise ConfigError(f"model spec {text!r}: {key} must be true or false, not {value!r}")
                 values[key] = value.lower() in _TRUE
@@ -152,9 +154,15 @@ def default_loader(spec: ModelSpec, max_length: int | None, device: str | None =
     if Path(spec.source).is_dir() and is_sparse_folder(spec.source):
         from adapt.bench.sparse import load_sparse_retriever
 
+        if spec.sink:
+            raise ConfigError(f"{spec.source} is a sparse encoder: sink=true applies to a raw decoder only")
+
         return load_sparse_retriever(spec.source, dtype=spec.dtype, max_length=max_length, device=device)
+    from adapt.pooling import DEFAULT_SINK
+
     return load_encoder(spec.source, pooling=spec.pooling, bidirectional=spec.bidirectional,
-                        normalize=spec.normalize, dtype=spec.dtype, max_length=max_length, device=device)
+                        normalize=spec.normalize, dtype=spec.dtype, max_length=max_length, device=device,
+                        sink_prompt=DEFAULT_SINK if spec.sink else None)
 
 
 def encoder_key(encoder: EncoderLike, spec: ModelSpec | None, max_length: int | None) -> str:

@@ -9,7 +9,9 @@
 - Pairs: JSON lines ``{"query": ..., "positive": ..., "negatives": [...]}``; every positive and hard
   negative of the batch is a candidate for every query (InfoNCE / MultipleNegativesRankingLoss).
   Documents equal to a query's positive are masked out of its negatives (no false negatives).
-- Embeddings are pooled as the exported encoder pools (``export.pooling``), prompts included.
+- Embeddings are pooled as the exported encoder pools (``export.pooling``), prompts included; with
+  ``export.sink_prompt`` every text gets the sink in front and the sink and prompt are left out of pooling,
+  as the export then does (:mod:`adapt.pooling`).
 - One optimizer step per batch of ``train.batch_size x train.grad_accum`` queries per process:
   ``grad_accum`` enlarges the batch through gradient caching (``contrastive.mini_batch``) instead of
   splitting the in-batch negatives; with several processes every process's documents are negatives
@@ -34,6 +36,7 @@ from adapt.objectives import ObjectiveBase, StageContext, StepOutput
 from adapt.loading import load_config
 from adapt.objectives.infonce import (all_gather_rows, contrastive_backward, false_negative_mask, info_nce,
                                       matryoshka_info_nce, matryoshka_sizes)
+from adapt.pooling import check_sink, prompt_token_count
 from adapt.pairs import data_fingerprint, load_pairs, load_sentences, split_eval, text_key
 
 log = logging.getLogger(__name__)
@@ -123,6 +126,7 @@ class Contrastive(ObjectiveBase):
     # ---- model ----------------------------------------------------------------------------
     def configure_model(self, model, tokenizer) -> list[int]:
         self.tokenizer = tokenizer
+        check_sink(tokenizer, self.cfg.export.sink_prompt)
         if self.c.matryoshka_dims:
             self.resolve_sizes(model.config)
         if self.sizes and self.sizes[0][0] != self.hidden_size:
@@ -153,13 +157,29 @@ class Contrastive(ObjectiveBase):
         positive_keys = [text_key(p.positive) for p in examples]
         return queries + [c.document_prompt + d for d in docs], len(queries), positive_keys, [text_key(d) for d in docs]
 
-    def chunks(self, texts: list[str], device) -> tuple[list[dict], torch.Tensor]:
+    def sunk(self, texts: list[str], n_queries: int) -> tuple[list[str], list[int] | None]:
+        """``texts`` with ``export.sink_prompt`` in front, and each one's leading tokens left out of pooling
+        (the sink and the text's query or document prompt, counted as the export counts them); no sink:
+        ``(texts, None)``."""
+        sink = self.cfg.export.sink_prompt
+        if not sink:
+            return texts, None
+        c = self.c
+        query, document = (c.query_prompt, c.document_prompt) if c.loss != "simcse" else ("", "")
+        counts = {p: prompt_token_count(self.tokenizer, sink + p) for p in {query, document}}
+        return [sink + t for t in texts], [counts[query if i < n_queries else document] for i in range(len(texts))]
+
+    def chunks(self, texts: list[str], device, skips: list[int] | None = None) -> tuple[list[dict], torch.Tensor]:
         """Texts sorted by length cut into chunks of ``mini_batch`` (one chunk without caching), and the
-        permutation that puts the chunks' embeddings back in text order."""
+        permutation that puts the chunks' embeddings back in text order. ``skips``: each text's leading
+        tokens to leave out of pooling (:meth:`sunk`)."""
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
         size = self.mini_batch or len(texts)
         chunks = [tokenize(self.tokenizer, [texts[i] for i in order[s:s + size]], self.c.max_length, device)
                   for s in range(0, len(order), size)]
+        if skips is not None:
+            for s, chunk in zip(range(0, len(order), size), chunks):
+                chunk["prompt_length"] = torch.tensor([skips[i] for i in order[s:s + size]], device=device)
         inverse = torch.empty(len(order), dtype=torch.long)
         inverse[torch.tensor(order)] = torch.arange(len(order))
         return chunks, inverse.to(device)
@@ -191,7 +211,8 @@ class Contrastive(ObjectiveBase):
         acc = accelerator
         examples = [self.train_set[i] for i in next(self._batches)]
         texts, n_queries, positive_keys, doc_keys = self.texts(examples)
-        chunks, inverse = self.chunks(texts, acc.device)
+        texts, skips = self.sunk(texts, n_queries)
+        chunks, inverse = self.chunks(texts, acc.device, skips)
         loss, _ = contrastive_backward(module, chunks,
                                        self.loss_fn(n_queries, positive_keys, doc_keys, inverse, gather=self.c.gather),
                                        cache=len(chunks) > 1, no_sync=lambda: acc.no_sync(module),
@@ -221,7 +242,8 @@ class Contrastive(ObjectiveBase):
                 k = r * acc.num_processes + acc.process_index
                 torch.manual_seed(self.cfg.train.seed + k)
                 texts, n_queries, positive_keys, doc_keys = self.texts(batches[min(k, len(batches) - 1)])
-                chunks, inverse = self.chunks(texts, acc.device)
+                texts, skips = self.sunk(texts, n_queries)
+                chunks, inverse = self.chunks(texts, acc.device, skips)
                 embeddings = torch.cat([model(**chunk) for chunk in chunks])[inverse]
                 if k >= len(batches):
                     continue

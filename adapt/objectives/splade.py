@@ -69,6 +69,9 @@ class Splade(Crops):
     export_kind = "sparse"
 
     def __init__(self, cfg: RunConfig):
+        if cfg.export.sink_prompt:
+            raise ConfigError("export.sink_prompt applies to dense encoders (a pooled vector); a SPLADE stage's "
+                              "weights are a max over tokens: set export.sink_prompt to '' for this stage")
         super().__init__(cfg)
         self.s = cfg.splade
         # the data settings are the contrastive section's; where the pairs come from decides the loss name, and
