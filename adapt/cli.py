@@ -318,8 +318,8 @@ def classify(model_dir, texts, input_path, output_path, field, batch_size):
               "standard-dev (its dev split: choose recipes there), mteb-lite (needs a network).")
 @click.option("--task", "tasks", multiple=True, help="A task name, or a task folder (BEIR retrieval, train/test jsonl, pairs.jsonl). Repeatable.")
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), default="bench-results", show_default=True)
-@click.option("--baselines", is_flag=True, help="Also score each converted model's source decoder (causal: mean and "
-              "last token; bidirectional untrained), BM25 on retrieval tasks and all-MiniLM-L6-v2 as a reference.")
+@click.option("--baselines", is_flag=True, help="Also score each converted model's source decoder (causal: mean, "
+              "last token, mean after a sink prompt; bidirectional untrained), BM25 on retrieval tasks and all-MiniLM-L6-v2 as a reference.")
 @click.option("--source", help="Source decoder for --baselines (default: read from MODEL/run/config.yaml).")
 @click.option("--batch-size", type=int, default=32, show_default=True)
 @click.option("--max-length", type=int, default=256, show_default=True)

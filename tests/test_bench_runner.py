@@ -205,11 +205,12 @@ def test_baselines_from_a_converted_run(tmp_path):
     report = run_bench([str(run)], tasks=[str(make_similarity(tmp_path / "s"))], out_dir=tmp_path / "o",
                        baselines=True, references=False, loader=loader, max_length=128, show_progress=False)
     specs = [s for s, _ in loaded]
-    assert [s.source for s in specs] == [str(run)] + ["org/decoder"] * 3
-    assert [(s.pooling, s.bidirectional) for s in specs[1:]] == [("mean", False), ("last", False), ("mean", True)]
+    assert [s.source for s in specs] == [str(run)] + ["org/decoder"] * 4
+    assert [(s.pooling, s.bidirectional, s.sink) for s in specs[1:]] == [
+        ("mean", False, False), ("last", False, False), ("mean", False, True), ("mean", True, False)]
     assert {m for _, m in loaded} == {128}
     models = list(dict.fromkeys(r["model"] for r in report.rows))
-    assert models == ["converted", "decoder (causal, mean)", "decoder (causal, last)",
+    assert models == ["converted", "decoder (causal, mean)", "decoder (causal, last)", "decoder (causal, mean, sink)",
                       "decoder (bidirectional, mean, untrained)"]
     assert "decoder (causal, last)" in report.markdown
 
@@ -217,12 +218,12 @@ def test_baselines_from_a_converted_run(tmp_path):
 def test_baselines_need_a_source(tmp_path):
     with pytest.raises(ConfigError, match="run/config.yaml"):
         baseline_specs(ModelSpec(str(tmp_path)))
-    assert baseline_specs(ModelSpec(str(tmp_path)), source="org/dec")[2].bidirectional is True
+    assert baseline_specs(ModelSpec(str(tmp_path)), source="org/dec")[3].bidirectional is True
     # a loaded encoder gets baselines from an explicit source, once even when listed twice
     entries = expand_models([HashEncoder(), "m", "m"], baselines=True, source="org/dec")
     assert [s.canonical() if s else None for s, _ in entries] == [
         None, "org/dec@bidirectional=false,pooling=mean", "org/dec@bidirectional=false,pooling=last",
-        "org/dec@bidirectional=true,pooling=mean", "m"]
+        "org/dec@bidirectional=false,pooling=mean,sink=true", "org/dec@bidirectional=true,pooling=mean", "m"]
 
 
 def test_list_suites():
@@ -248,9 +249,9 @@ def test_real_tiny_decoder_with_baselines_through_adapt_encoder(tmp_path, tiny_m
     report = run_bench([str(converted)], tasks=[task], out_dir=tmp_path / "o", baselines=True, references=False,
                        show_progress=False, max_length=32)
     scores = [r for r in report.rows if r["kind"] != "average"]
-    assert len(scores) == 4 and all(np.isfinite(r["value"]) for r in report.rows)
+    assert len(scores) == 5 and all(np.isfinite(r["value"]) for r in report.rows)
     cached = sorted(p.parent.name for p in (tmp_path / "o" / "cache").rglob("*.npy"))
-    assert len(set(cached)) == 4  # four distinct models: four cache folders
+    assert len(set(cached)) == 5  # five distinct models (the sink baseline too): five cache folders
 
 
 @pytest.mark.slow
@@ -331,4 +332,4 @@ def test_the_reference_encoder_gets_no_verdict_against_a_given_source(tmp_path):
     entries = [(s, None) for s in specs]
     display = [s.label for s in specs]
     found = _baselines_of(entries, display, "src")
-    assert list(found) == ["enc"] and found["enc"] == display[1:4]
+    assert list(found) == ["enc"] and found["enc"] == display[1:5]

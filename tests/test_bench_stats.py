@@ -138,6 +138,20 @@ def test_verdict_compares_with_the_better_causal_baseline_and_sorts_kinds():
     assert verdicts(rows, items, {}) == []
 
 
+def test_verdict_takes_the_sink_baseline_when_it_is_the_best_causal_one():
+    from adapt.bench.verdict import verdicts
+
+    rng = np.random.default_rng(2)
+    base = rng.random(300)
+    scores = {"enc": base + 0.1, "src (causal, mean)": base, "src (causal, last)": base - 0.1,
+              "src (causal, mean, sink)": base + 0.05}
+    items = {(m, "t"): _evidence(v) for m, v in scores.items()}
+    rows = [{"model": m, "task": "t", "kind": "retrieval", "metric": "x", "value": float(np.mean(v)), "main": True}
+            for m, v in scores.items()]
+    [result] = verdicts(rows, items, {"enc": [m for m in scores if m != "enc"]})
+    assert result["against"] == "src (causal, mean, sink)" and result["delta"] == pytest.approx(0.05, abs=1e-6)
+
+
 def test_compare_seeds_holds_the_spread_between_seeds():
     from adapt.bench.verdict import compare, compare_seeds
 

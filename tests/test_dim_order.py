@@ -144,6 +144,22 @@ def test_every_family_fits_an_orthogonal_order(family, corpus, tokenizer):
         assert model.training is training
 
 
+def test_with_a_sink_the_order_is_fitted_on_the_vectors_as_exported(corpus, tokenizer):
+    from adapt.encoder import Encoder
+
+    texts = stage_texts(_cfg("unused", corpus))
+    model = tiny_decoder("qwen2", vocab_size=len(tokenizer)).eval()
+    rotation, _ = fit_order(model, tokenizer, texts, pooling="mean", max_length=64, sink_prompt="\n")
+    from adapt.export import backbone_of
+
+    encoder = Encoder(backbone_of(model), tokenizer, name="x", pooling="mean", normalize=False, max_length=64,
+                      include_prompt=False)
+    sunk = principal_axes(encoder.encode(texts, prompt="\n"))  # "\n" before each text, left out of the mean
+    plain = principal_axes(encoder.encode(texts))
+    assert np.abs(np.abs(rotation[:4].numpy() * sunk[:4]).sum(1) - 1).max() < 1e-3  # the same leading axes
+    assert np.abs(np.abs(rotation[:4].numpy() * plain[:4]).sum(1) - 1).max() > 1e-2  # not the sinkless ones
+
+
 def test_fitting_texts_come_from_documents_or_pairs_and_are_capped(corpus, tmp_path):
     texts = stage_texts(_cfg("m", corpus))
     assert texts[:3] == toy_sentences(40)[:3]  # short documents: one span each

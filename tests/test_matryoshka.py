@@ -320,7 +320,8 @@ def test_bench_sizes_a_model_lacks(tmp_path):
     with pytest.raises(ConfigError, match=r"a: --dims 128: the model has only 64 dimensions"):
         run_bench([Cut("a")], tasks=_tasks(), dims=[128], out_dir=tmp_path / "x", show_progress=False)
     # baselines of another size are skipped at that size, not an error; verdicts pair equal sizes
-    small = {"src (causal, mean)": 16, "src (causal, last)": 16, "src (bidirectional, mean, untrained)": 16}
+    small = {"src (causal, mean)": 16, "src (causal, last)": 16, "src (causal, mean, sink)": 16,
+             "src (bidirectional, mean, untrained)": 16}
     report = run_bench([Cut("a")], tasks=_tasks(), dims=[64, 16], out_dir=tmp_path / "b", baselines=True,
                        references=False, source="src", show_progress=False, update_cards=False,
                        loader=lambda spec, _: Cut(spec.label, keep=small[spec.label]))

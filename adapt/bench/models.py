@@ -127,8 +127,9 @@ def find_source(model: str | Path) -> str | None:
 
 
 def baseline_specs(model: ModelSpec, source: str | None = None) -> list[ModelSpec]:
-    """The source decoder as it was (causal, mean- and last-token-pooled) and made bidirectional
-    without training (mean-pooled), for comparison with the converted ``model``."""
+    """The source decoder as it was (causal: mean- and last-token-pooled, and mean-pooled after a sink prompt,
+    ``adapt.pooling``) and made bidirectional without training (mean-pooled), for comparison with the
+    converted ``model``."""
     source = source or find_source(model.source)
     if not source:
         raise ConfigError(f"--baselines needs a converted model (a folder with run/config.yaml naming model.source); "
@@ -137,6 +138,8 @@ def baseline_specs(model: ModelSpec, source: str | None = None) -> list[ModelSpe
     return [
         ModelSpec(source, pooling="mean", bidirectional=False, dtype=model.dtype, label=f"{name} (causal, mean)"),
         ModelSpec(source, pooling="last", bidirectional=False, dtype=model.dtype, label=f"{name} (causal, last)"),
+        ModelSpec(source, pooling="mean", bidirectional=False, sink=True, dtype=model.dtype,
+                  label=f"{name} (causal, mean, sink)"),
         ModelSpec(source, pooling="mean", bidirectional=True, dtype=model.dtype,
                   label=f"{name} (bidirectional, mean, untrained)"),
     ]

@@ -1,7 +1,7 @@
 """One line per converted encoder: is it better than the decoder it came from, beyond the noise?
 
 The encoder is compared with its source as a causal model under the source's best pooling (the
-higher average of the mean- and last-token-pooled baselines): the change of the average over tasks
+highest average of the mean-, last-token- and sink-prompt mean-pooled baselines): the change of the average over tasks
 with its paired bootstrap 95% interval (the same resamples for both models, ``adapt.bench.stats``),
 then, per task kind, whether the encoder is ahead or behind (the kind's average change, its
 interval excluding 0) or level with it (the interval holding 0).
@@ -12,7 +12,7 @@ import numpy as np
 
 from adapt.bench import stats
 
-CAUSAL_MARKERS = ("(causal, mean)", "(causal, last)")
+CAUSAL_MARKERS = ("(causal, mean)", "(causal, last)", "(causal, mean, sink)")
 
 
 def _average_dist(model: str, tasks: list[str], dists: dict) -> np.ndarray:
