@@ -43,7 +43,7 @@ def test_references_come_after_the_models_and_decoder_baselines(monkeypatch):
     monkeypatch.setattr("adapt.bench.models.reference_spec", lambda: ModelSpec("/minilm", label=REFERENCE_LABEL))
     entries = expand_models(["m"], baselines=True, source="org/dec", references=True)
     assert [s.label if s else type(e).__name__ for s, e in entries][-2:] == [REFERENCE_LABEL, "BM25Baseline"]
-    assert len(entries) == 6
+    assert len(entries) == 7  # the model, four decoder baselines (one after a sink prompt), MiniLM, BM25
     # a model that is not a converted run: no decoder baselines, the references still come
     entries = expand_models(["plain"], baselines=True, source=None, references=True)
     assert [s.source if s else "bm25" for s, _ in entries] == ["plain", "/minilm", "bm25"]

@@ -103,15 +103,16 @@ class Splade(Crops):
             return list(self.train_set)
         return list(dict.fromkeys(d for p in self.train_set for d in [p.positive, *p.negatives]))
 
-    def chunks(self, texts: list[str], device):
+    def chunks(self, texts: list[str], device, skips: list[int] | None = None):
         """As the contrastive stages cut them; with inference-free queries, the queries' IDF vectors are made here
         (kept for the loss) and only the documents are cut into chunks for the model. Where the IDF is known
-        (inference-free queries, ``own_terms``), each document's own tokens weighted by it are kept too."""
+        (inference-free queries, ``own_terms``), each document's own tokens weighted by it are kept too.
+        ``skips`` is always None: a SPLADE stage refuses a sink prompt."""
         n = self._n_queries
         if self._idf is not None:
             self._own = idf_vectors(self.tokenizer, texts[n:], self._idf, "", device, max_length=self.c.max_length)
         if not self.idf_queries:
-            return super().chunks(texts, device)
+            return super().chunks(texts, device, skips)
         self._query_vectors = idf_vectors(self.tokenizer, texts[:n], self._idf, self._prefix, device)
         return super().chunks(texts[n:], device)
 
