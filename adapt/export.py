@@ -113,7 +113,7 @@ def export_encoder(model, tokenizer, out_dir, *, pooling: str = "mean", normaliz
     the manifest keeps ``prompts`` as given and the sink apart.
     """
     pooling = pooling_name(pooling)
-    check_sink(tokenizer, sink_prompt)
+    check_sink(tokenizer, sink_prompt, prompts=prompts)
     st_prompts, default_prompt, include_prompt = sink_prompts(prompts, sink_prompt)
     torch_dtype = parse_dtype(dtype)
     backbone = backbone_of(model)

@@ -5,9 +5,13 @@ and the export, so the three can never disagree.
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from adapt.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 # adapt's pooling names -> sentence-transformers' pooling_mode (and back, with aliases).
 POOLINGS = {"mean": "mean", "weightedmean": "weightedmean", "last": "lasttoken", "cls": "cls"}
@@ -84,9 +88,20 @@ def sink_prompts(prompts: dict | None, sink: str) -> tuple[dict, str | None, boo
     return {name: sink + text for name, text in named.items()}, SINK_PROMPT_NAME, False
 
 
-def check_sink(tokenizer, sink: str, where: str = "export.sink_prompt") -> None:
+def check_sink(tokenizer, sink: str, where: str = "export.sink_prompt", prompts: dict | None = None) -> None:
     """A sink prompt must take at least one token that pooling leaves out (a special token at its end does not
-    count, as sentence-transformers counts prompts)."""
+    count, as sentence-transformers counts prompts). With a sink every prompt is left out of pooling, counted
+    alone; a prompt whose last token merges with the text's first (``"query: "``: a lone space token alone, one
+    token with the next word in a text) would take the text's first token with it: a warning names it."""
     if sink and prompt_token_count(tokenizer, sink) < 1:
         raise ConfigError(f"{where} {sink!r} tokenizes to no token that pooling would leave out (sentence-transformers "
                           f"does not count a special token at a prompt's end): use a plain text such as {DEFAULT_SINK!r}")
+    for name, prompt in (prompts or {}).items() if sink else ():
+        n = prompt_token_count(tokenizer, sink + prompt)
+        alone = tokenizer([sink + prompt], add_special_tokens=True)["input_ids"][0][:n]
+        texts = [sink + prompt + word for word in ("the", "a", "word", "text")]  # common words a space merges with
+        if any(ids[:n] != alone for ids in tokenizer(texts, add_special_tokens=True)["input_ids"]):
+            log.warning("prompt %r (%r) ends inside the token its text starts with (a trailing space?): with "
+                        "export.sink_prompt the prompt is left out of pooling, and that token with it, as "
+                        "sentence-transformers counts prompts; end the prompt at a token boundary (%r)",
+                        name, prompt, prompt.rstrip())

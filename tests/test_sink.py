@@ -44,6 +44,19 @@ def test_sink_prompts_and_their_checks(tokenizer):
         check_sink(tokenizer, tokenizer.eos_token)
 
 
+def test_a_prompt_that_would_take_the_texts_first_token_is_named(tokenizer, caplog):
+    """"query: " alone ends with a lone space token; before a word the space joins the word's token, so the
+    prompt's count (as sentence-transformers makes it) would leave the word out of pooling too."""
+    caplog.set_level("WARNING", logger="adapt.pooling")
+    check_sink(tokenizer, "\n", prompts={"query": "query:", "document": ""})
+    assert not caplog.records
+    check_sink(tokenizer, "\n", prompts={"query": "query: "})
+    assert len(caplog.records) == 1 and "'query'" in caplog.text and "'query:'" in caplog.text
+    caplog.clear()
+    check_sink(tokenizer, "", prompts={"query": "query: "})  # no sink: prompts are pooled, nothing to warn of
+    assert not caplog.records
+
+
 def _sink_run(model_dir, tmp_path, **extra):
     corpus = tmp_path / "docs.txt"
     corpus.write_text(_documents(), encoding="utf-8")

@@ -126,7 +126,9 @@ class Contrastive(ObjectiveBase):
     # ---- model ----------------------------------------------------------------------------
     def configure_model(self, model, tokenizer) -> list[int]:
         self.tokenizer = tokenizer
-        check_sink(tokenizer, self.cfg.export.sink_prompt)
+        c = self.c
+        check_sink(tokenizer, self.cfg.export.sink_prompt,
+                   prompts={"query": c.query_prompt, "document": c.document_prompt} if c.loss != "simcse" else {})
         if self.c.matryoshka_dims:
             self.resolve_sizes(model.config)
         if self.sizes and self.sizes[0][0] != self.hidden_size:
