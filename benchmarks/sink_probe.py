@@ -26,7 +26,9 @@ def layer_vectors(model, tokenizer, words: list[str], prefix: str):
     import numpy as np
     import torch
 
-    skip = len(tokenizer(prefix)["input_ids"]) if prefix else 0
+    from adapt.pooling import prompt_token_count
+
+    skip = prompt_token_count(tokenizer, prefix) if prefix else 0  # as the export leaves the sink out
     out = []
     with torch.inference_mode():
         for word in words:

@@ -71,6 +71,7 @@ class Contrastive(ObjectiveBase):
         self.train_set = self.eval_set = None
         self.sizes: list[tuple[int, float]] = []  # Matryoshka (size, weight), largest first; [] off
         self.hidden_size = None
+        self._skip_counts: tuple[int, int] | None = None  # sink + (query, document) prompt tokens, counted once
         if not self.cuts_crops:
             check_crop_settings(self.c, "supervised pairs" if self.c.loss == "pairs" else "SimCSE sentences")
 
@@ -126,9 +127,8 @@ class Contrastive(ObjectiveBase):
     # ---- model ----------------------------------------------------------------------------
     def configure_model(self, model, tokenizer) -> list[int]:
         self.tokenizer = tokenizer
-        c = self.c
-        check_sink(tokenizer, self.cfg.export.sink_prompt,
-                   prompts={"query": c.query_prompt, "document": c.document_prompt} if c.loss != "simcse" else {})
+        query, document = self._prompts()
+        check_sink(tokenizer, self.cfg.export.sink_prompt, prompts={"query": query, "document": document})
         if self.c.matryoshka_dims:
             self.resolve_sizes(model.config)
         if self.sizes and self.sizes[0][0] != self.hidden_size:
@@ -159,17 +159,22 @@ class Contrastive(ObjectiveBase):
         positive_keys = [text_key(p.positive) for p in examples]
         return queries + [c.document_prompt + d for d in docs], len(queries), positive_keys, [text_key(d) for d in docs]
 
+    def _prompts(self) -> tuple[str, str]:
+        """The (query, document) prompts :meth:`texts` puts before its texts (SimCSE puts none)."""
+        c = self.c
+        return (c.query_prompt, c.document_prompt) if c.loss != "simcse" else ("", "")
+
     def sunk(self, texts: list[str], n_queries: int) -> tuple[list[str], list[int] | None]:
         """``texts`` with ``export.sink_prompt`` in front, and each one's leading tokens left out of pooling
-        (the sink and the text's query or document prompt, counted as the export counts them); no sink:
-        ``(texts, None)``."""
+        (the sink and the text's query or document prompt, counted as the export counts them, once per run);
+        no sink: ``(texts, None)``."""
         sink = self.cfg.export.sink_prompt
         if not sink:
             return texts, None
-        c = self.c
-        query, document = (c.query_prompt, c.document_prompt) if c.loss != "simcse" else ("", "")
-        counts = {p: prompt_token_count(self.tokenizer, sink + p) for p in {query, document}}
-        return [sink + t for t in texts], [counts[query if i < n_queries else document] for i in range(len(texts))]
+        if self._skip_counts is None:
+            self._skip_counts = tuple(prompt_token_count(self.tokenizer, sink + p) for p in self._prompts())
+        query, document = self._skip_counts
+        return [sink + t for t in texts], [query if i < n_queries else document for i in range(len(texts))]
 
     def chunks(self, texts: list[str], device, skips: list[int] | None = None) -> tuple[list[dict], torch.Tensor]:
         """Texts sorted by length cut into chunks of ``mini_batch`` (one chunk without caching), and the
