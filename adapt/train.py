@@ -117,6 +117,8 @@ class Trainer:
             shutil.rmtree(tmp, ignore_errors=True)
         acc.wait_for_everyone()
         acc.save_state(str(tmp), safe_serialization=True)
+        # Every process writes into tmp (its own RNG state): the rename waits for all of them.
+        acc.wait_for_everyone()
         if acc.is_main_process:
             atomic_write_json(tmp / STATE_FILE, {"step": self.step, "tokens": self.tokens, "last_eval": self.last_eval})
             shutil.rmtree(final, ignore_errors=True)

@@ -164,3 +164,35 @@ def test_two_process_chain_on_cpu(tiny_model_dir, corpus, tmp_path, free_port):
     summary = json.loads((tmp_path / "out/run/summary.json").read_text())
     assert summary["per_stage"]["1-mlm"]["tokens"] == 4 * 2 * 32 * 2  # steps x batch x seq_len x processes
     assert summary["per_stage"]["2-simcse"]["processes"] == 2 and summary["probe_after"]["bidirectional"]
+
+
+def test_a_checkpoint_is_renamed_only_after_every_process_wrote_into_it(tmp_path):
+    """Each process writes its own RNG state into the checkpoint's tmp folder; the rename must wait for the
+    slowest. The fake's barrier is where the other rank's late write lands (what a barrier guarantees is done):
+    renamed before it, that write has no folder (the race CI hit under torchrun) and the checkpoint lacks it."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from adapt.layout import CHECKPOINTS, STATE_FILE
+
+    class TwoRanks:
+        is_main_process = True
+
+        def __init__(self):
+            self.pending = None
+
+        def save_state(self, path, safe_serialization=True):
+            Path(path).mkdir(parents=True, exist_ok=True)
+            (Path(path) / "random_states_0.pkl").write_bytes(b"0")
+            self.pending = Path(path) / "random_states_1.pkl"  # rank 1 is still writing
+
+        def wait_for_everyone(self):
+            if self.pending is not None:
+                self.pending.write_bytes(b"1")  # raises if the folder was renamed away
+                self.pending = None
+
+    run = SimpleNamespace(accelerator=TwoRanks(), run_dir=tmp_path, step=4, tokens=10, last_eval={},
+                          tcfg=SimpleNamespace(keep_checkpoints=2))
+    final = Trainer.save_checkpoint(run)
+    assert sorted(p.name for p in final.iterdir()) == ["random_states_0.pkl", "random_states_1.pkl", STATE_FILE]
+    assert [p.name for p in (tmp_path / CHECKPOINTS).iterdir()] == [final.name]
