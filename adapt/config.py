@@ -220,6 +220,11 @@ class ContrastiveConfig:
                                   default_factory=list)
     matryoshka_weights: list = _help("Matryoshka: the loss weight of each of matryoshka_dims (same order); [] all 1",
                                      default_factory=list)
+    keep_source: float = _help("weight of a term that keeps what the stage's source holds: 1 - linear CKA between the "
+                               "batch's pooled vectors and the source's (its starting weights, with the attention it "
+                               "had: a causal decoder's stays causal), each dimension standardized, so what a linear "
+                               "probe read from the source stays readable; 0 off. Costs one forward of the source "
+                               "per step (LoRA: the adapters switched off; full: a frozen copy)", 0.0)
 
     def __post_init__(self):
         _check(self.loss in CONTRASTIVE_LOSSES,
@@ -242,6 +247,9 @@ class ContrastiveConfig:
                f"contrastive.query_words must be [] or [low, high] words with 1 <= low <= high, not {q!r}")
         _check(isinstance(self.query_in_document, (int, float)) and 0 <= self.query_in_document <= 1,
                f"contrastive.query_in_document must be a share in [0, 1], not {self.query_in_document!r}")
+        _check(isinstance(self.keep_source, (int, float)) and not isinstance(self.keep_source, bool)
+               and 0 <= self.keep_source <= 100,
+               f"contrastive.keep_source must be a weight in [0, 100] (0: off), not {self.keep_source!r}")
         _check(isinstance(self.query_prompt, str) and isinstance(self.document_prompt, str),
                "contrastive.query_prompt and document_prompt must be strings")
         check_matryoshka(self.matryoshka_dims, self.matryoshka_weights)

@@ -19,9 +19,15 @@
 - Matryoshka (``contrastive.matryoshka_dims: [full, 256, 64]``): the loss is summed over those prefixes
   of the pooled vector, each re-normalized, so the exported encoder can be truncated
   (``SentenceTransformer(DIR, truncate_dim=256)``, ``adapt embed --dim 256``); the sizes go into the export.
+- Keeping the source (``contrastive.keep_source: W``): the loss adds ``W x (1 - linear CKA)`` between the batch's
+  pooled vectors and the stage's source's (its starting weights, with the attention it had: a causal decoder's
+  stays causal; LoRA switches its adapters off, full fine-tuning keeps a frozen copy), so what a linear probe
+  read from the source stays readable while the contrastive loss reshapes the space.
 """
 from __future__ import annotations
 
+import contextlib
+import copy
 import logging
 
 import numpy as np
@@ -30,12 +36,13 @@ import torch
 from adapt.config import RunConfig
 from adapt.batches import batch_iterator
 from adapt.data import resolve_data_sources
+from adapt.bidirectional import attends_causally, causal_attention
 from adapt.embedding import Embedder, set_dropout, tokenize
 from adapt.errors import ConfigError, DataError
 from adapt.objectives import ObjectiveBase, StageContext, StepOutput
 from adapt.loading import load_config
 from adapt.objectives.infonce import (all_gather_rows, contrastive_backward, false_negative_mask, info_nce,
-                                      matryoshka_info_nce, matryoshka_sizes)
+                                      linear_cka, matryoshka_info_nce, matryoshka_sizes)
 from adapt.pooling import check_sink, prompt_token_count
 from adapt.pairs import data_fingerprint, load_pairs, load_sentences, split_eval, text_key
 
@@ -72,6 +79,8 @@ class Contrastive(ObjectiveBase):
         self.sizes: list[tuple[int, float]] = []  # Matryoshka (size, weight), largest first; [] off
         self.hidden_size = None
         self._skip_counts: tuple[int, int] | None = None  # sink + (query, document) prompt tokens, counted once
+        self.source_causal = True  # keep_source: whether the stage's source attended causally
+        self.frozen_source = None  # keep_source under full fine-tuning: the source's weights, frozen
         if not self.cuts_crops:
             check_crop_settings(self.c, "supervised pairs" if self.c.loss == "pairs" else "SimCSE sentences")
 
@@ -105,6 +114,9 @@ class Contrastive(ObjectiveBase):
         if t.mixed_precision == "fp16" and caching:
             raise ConfigError("gradient caching (contrastive.mini_batch, train.grad_accum > 1) does not support fp16 "
                               "loss scaling: use train.mixed_precision=bf16 or no")
+        if self.c.keep_source and accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP):
+            raise ConfigError("contrastive.keep_source runs the source outside the sharded engine, which DeepSpeed and "
+                              "FSDP do not allow: use DDP (one process per device), or set contrastive.keep_source=0")
         if accelerator.distributed_type == DistributedType.DEEPSPEED and caching:
             raise ConfigError("gradient caching backpropagates outside DeepSpeed's engine: use DDP or FSDP, or set "
                               "contrastive.mini_batch=0 and train.grad_accum=1")
@@ -142,6 +154,13 @@ class Contrastive(ObjectiveBase):
 
     def prepare(self, ctx: StageContext) -> None:
         self.tokenizer = ctx.tokenizer
+        if self.c.keep_source:
+            self.source_causal = attends_causally(load_config(self.cfg.model))
+            if self.cfg.tuning.method == "full":  # LoRA needs no copy: its adapters switch off
+                log.info("contrastive.keep_source under full fine-tuning keeps a frozen copy of the source (the "
+                         "model's memory twice); LoRA would not")
+                self.frozen_source = Embedder(copy.deepcopy(ctx.model).requires_grad_(False).eval(),
+                                              self.cfg.export.pooling).to(ctx.accelerator.device)
 
     def module(self, model) -> torch.nn.Module:
         return Embedder(model, self.cfg.export.pooling)
@@ -191,9 +210,27 @@ class Contrastive(ObjectiveBase):
         inverse[torch.tensor(order)] = torch.arange(len(order))
         return chunks, inverse.to(device)
 
-    def loss_fn(self, n_queries: int, positive_keys, doc_keys, inverse, *, gather: bool):
+    @torch.no_grad()
+    def source_embeddings(self, module, accelerator, chunks: list[dict]) -> torch.Tensor:
+        """The source's pooled vectors of ``chunks`` (chunk order), for ``keep_source``: the frozen copy, or the
+        model with its LoRA adapters off; with the attention the source had; in eval mode (no dropout)."""
+        embedder = self.frozen_source or accelerator.unwrap_model(module)
+        model = embedder.model
+        off = model.disable_adapter() if hasattr(model, "disable_adapter") else contextlib.nullcontext()
+        was_training = embedder.training
+        embedder.eval()
+        try:
+            with off, causal_attention(model, self.source_causal), accelerator.autocast():
+                return torch.cat([embedder(**chunk) for chunk in chunks])
+        finally:
+            embedder.train(was_training)
+
+    def loss_fn(self, n_queries: int, positive_keys, doc_keys, inverse, *, gather: bool, source=None):
+        """InfoNCE of the queries over the documents (every process's with ``gather``); with ``source`` (the
+        source's vectors of the same texts, chunk order) plus ``keep_source x (1 - linear CKA)``."""
         def fn(embeddings):
             dev = embeddings.device
+            keep = self.c.keep_source * (1 - linear_cka(embeddings, source)) if source is not None else 0.0
             embeddings = embeddings[inverse]
             queries, docs = embeddings[:n_queries], embeddings[n_queries:]
             keys = torch.tensor(doc_keys, dtype=torch.long, device=dev)
@@ -205,8 +242,9 @@ class Contrastive(ObjectiveBase):
             mask = false_negative_mask(torch.tensor(positive_keys, dtype=torch.long, device=dev), keys, targets)
             if self.sizes:
                 loss, per_size = matryoshka_info_nce(queries, docs, targets, self.c.temperature, mask, self.sizes)
-                return loss, per_size[self.sizes[0][0]][1]
-            return info_nce(queries, docs, targets, self.c.temperature, mask)
+                return loss + keep, per_size[self.sizes[0][0]][1]
+            loss, correct = info_nce(queries, docs, targets, self.c.temperature, mask)
+            return loss + keep, correct
         return fn
 
     def start(self, step: int, accelerator) -> None:
@@ -220,8 +258,10 @@ class Contrastive(ObjectiveBase):
         texts, n_queries, positive_keys, doc_keys = self.texts(examples)
         texts, skips = self.sunk(texts, n_queries)
         chunks, inverse = self.chunks(texts, acc.device, skips)
+        source = self.source_embeddings(module, acc, chunks) if self.c.keep_source else None
         loss, _ = contrastive_backward(module, chunks,
-                                       self.loss_fn(n_queries, positive_keys, doc_keys, inverse, gather=self.c.gather),
+                                       self.loss_fn(n_queries, positive_keys, doc_keys, inverse, gather=self.c.gather,
+                                                    source=source),
                                        cache=len(chunks) > 1, no_sync=lambda: acc.no_sync(module),
                                        backward=acc.backward)
         tokens = sum(int(c["attention_mask"].sum()) for c in chunks) * acc.num_processes
@@ -281,7 +321,9 @@ class Contrastive(ObjectiveBase):
         return {"loss": c.loss, "temperature": c.temperature, "dropout": self.dropout,
                 "pooling": self.cfg.export.pooling, "batch_per_process": self.batch, "mini_batch": self.mini_batch,
                 "data": self.counts, "train_examples": len(self.train_set), "eval_examples": len(self.eval_set),
-                **({"matryoshka_dims": self.matryoshka_dims()} if self.sizes else {})}
+                **({"matryoshka_dims": self.matryoshka_dims()} if self.sizes else {}),
+                **({"keep_source": c.keep_source, "source_attention": "causal" if self.source_causal else
+                    "bidirectional"} if c.keep_source else {})}
 
     def matryoshka_dims(self) -> list[int]:
         return [size for size, _ in self.sizes]

@@ -35,6 +35,20 @@ def info_nce(queries: torch.Tensor, docs: torch.Tensor, targets: torch.Tensor, t
     return loss, (logits.detach().argmax(dim=-1) == targets).sum()
 
 
+def linear_cka(x: torch.Tensor, y: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Linear CKA (Kornblith et al., 2019) between two sets of vectors of the same rows, ``x`` (N, H) and
+    ``y`` (N, H'), each dimension standardized over the rows first (so a few huge dimensions, as decoders
+    have, do not make the measure theirs, and what a standardized linear probe reads is what counts).
+    1: the same representation up to a rotation and scale; near 0: unrelated. Differentiable in both."""
+    def standardized(t):
+        t = t.float() - t.float().mean(dim=0)
+        return t / (t.pow(2).mean(dim=0).sqrt() + eps)
+
+    x, y = standardized(x), standardized(y)
+    k, l = x @ x.T, y @ y.T  # (N, N) Gram matrices: cheaper than H x H' for a batch
+    return (k * l).sum() / (k.norm() * l.norm() + eps)
+
+
 def matryoshka_sizes(dims, weights, config) -> list[tuple[int, float]]:
     """``contrastive.matryoshka_dims`` (and weights) for a model of transformers ``config`` as (size, weight)
     pairs, largest first, ``full`` being the hidden size (the pooled vector's); ConfigError, naming the key

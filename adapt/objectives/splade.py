@@ -72,6 +72,9 @@ class Splade(Crops):
         if cfg.export.sink_prompt:
             raise ConfigError("export.sink_prompt applies to dense encoders (a pooled vector); a SPLADE stage's "
                               "weights are a max over tokens: set export.sink_prompt to '' for this stage")
+        if cfg.contrastive.keep_source:
+            raise ConfigError("contrastive.keep_source compares pooled dense vectors with the source's; a SPLADE "
+                              "stage's are vocabulary weights: set contrastive.keep_source to 0 for this stage")
         super().__init__(cfg)
         self.s = cfg.splade
         # the data settings are the contrastive section's; where the pairs come from decides the loss name, and
@@ -180,7 +183,8 @@ class Splade(Crops):
                  self.s.init_active_terms)
         return bias
 
-    def loss_fn(self, n_queries: int, positive_keys, doc_keys, inverse, *, gather: bool):
+    def loss_fn(self, n_queries: int, positive_keys, doc_keys, inverse, *, gather: bool, source=None):
+        """``source`` is always None: a SPLADE stage refuses contrastive.keep_source."""
         lambda_q, lambda_d = self._scale * self.s.lambda_q, self._scale * self.s.lambda_d
 
         def fn(out):  # (queries + documents, V), the chunks' order undone by `inverse`
