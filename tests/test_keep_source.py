@@ -103,12 +103,15 @@ def test_a_stage_keeping_its_source_trains_otherwise_and_records_it(tiny_model_d
     for keep in (0.0, 5.0):
         cfg = _crops_cfg(tiny_model_dir, tmp_path, contrastive={"keep_source": keep}, tuning=lora)
         out = tmp_path / f"keep{keep}"
-        result = run_stage(cfg, out, show_progress=False)
+        run_stage(cfg, out, show_progress=False)
         runs[keep] = load_file(str(out / "model.safetensors"))
         summary = json.loads((out / "run" / "summary.json").read_text())
         stage = json.dumps(summary)
         assert ('"keep_source": 5.0' in stage and '"source_attention": "causal"' in stage) == bool(keep), stage
-        assert result is not None
+        evals = [r for r in map(json.loads, (out / "run" / "metrics.jsonl").read_text().splitlines())
+                 if "eval/crops_loss" in r]
+        assert evals and all(("eval/source_cka" in r) == bool(keep) for r in evals)
+        assert all(0 < r["eval/source_cka"] <= 1 for r in evals if keep)
     assert any((runs[0.0][k] - runs[5.0][k]).abs().max() > 1e-6 for k in runs[0.0])  # the term changed training
 
 

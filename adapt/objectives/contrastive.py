@@ -272,7 +272,8 @@ class Contrastive(ObjectiveBase):
         """Held-out loss and top-1 accuracy (positive ranked first among its batch's documents), the held-out
         batches shared out over processes and the sums gathered. SimCSE keeps dropout on (seeded per batch):
         identical views would make the task trivial. Loss and accuracy are those of the full vectors; with
-        Matryoshka sizes, also ``eval/{loss}_loss@N`` and ``_acc@N`` for each smaller size N."""
+        Matryoshka sizes, also ``eval/{loss}_loss@N`` and ``_acc@N`` for each smaller size N. With ``keep_source``,
+        ``eval/source_cka``: the linear CKA with the source's vectors, averaged over the held-out batches."""
         acc, name, bs = accelerator, self.c.loss, self.cfg.train.batch_size
         smaller = [size for size, _ in self.sizes if size < (self.hidden_size or 0)]
         batches = [self.eval_set[s:s + bs] for s in range(0, len(self.eval_set), bs)]
@@ -281,7 +282,8 @@ class Contrastive(ObjectiveBase):
             return {}
         model = acc.unwrap_model(module)  # no DDP collectives: processes may run different batches
         model.train(name == "simcse")
-        sums = torch.zeros(3 + 2 * len(smaller), dtype=torch.float64)  # loss x queries, correct, queries, per size
+        # loss x queries, correct, queries, per size (loss x queries, correct), then CKA with the source, batches
+        sums = torch.zeros(3 + 2 * len(smaller) + 2, dtype=torch.float64)
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
         rounds = -(-len(batches) // acc.num_processes)
         with torch.random.fork_rng(devices=devices), acc.autocast():
@@ -305,6 +307,11 @@ class Contrastive(ObjectiveBase):
                 row = [float(loss) * n_queries, float(ok), n_queries]
                 for size in smaller:
                     row += [float(per_size[size][0]) * n_queries, float(per_size[size][1])]
+                if self.c.keep_source:
+                    source = self.source_embeddings(module, acc, chunks)[inverse]
+                    row += [float(linear_cka(embeddings, source)), 1]
+                else:
+                    row += [0, 0]
                 sums += torch.tensor(row, dtype=torch.float64)
         model.train()
         total = acc.gather_for_metrics(sums.to(acc.device).unsqueeze(0)).sum(0)
@@ -313,6 +320,8 @@ class Contrastive(ObjectiveBase):
         for i, size in enumerate(smaller):
             out[f"eval/{name}_loss@{size}"] = float(total[3 + 2 * i]) / n
             out[f"eval/{name}_acc@{size}"] = float(total[4 + 2 * i]) / n
+        if self.c.keep_source:
+            out["eval/source_cka"] = float(total[-2]) / max(float(total[-1]), 1.0)
         return out
 
     # ---- records --------------------------------------------------------------------------
