@@ -18,6 +18,8 @@ import shutil
 import time
 from pathlib import Path
 
+from publish import publish  # benchmarks/publish.py: no machine paths in results
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -57,7 +59,7 @@ def main() -> None:
     report = run_bench(models, suite="quick", out_dir=runs / "bench", baselines=True, limit=args.limit)
     RESULTS.mkdir(parents=True, exist_ok=True)
     for key, path in report.paths.items():
-        shutil.copy(path, RESULTS / f"demo_study{Path(path).suffix}")
+        publish(path, RESULTS / f"demo_study{Path(path).suffix}")
     summaries = {n: json.loads((runs / n / "run" / "summary.json").read_text()) for n in names}
     (RESULTS / "demo_study_runs.json").write_text(json.dumps(
         {n: {"overrides": VARIANTS[n], "steps": s["steps"], "final_eval": s["final_eval"],

@@ -17,8 +17,9 @@ Its SimLex column is near 0 at every depth because each word is the decoder's fi
 from __future__ import annotations
 
 import argparse
-import shutil
 from pathlib import Path
+
+from publish import publish  # benchmarks/publish.py: no machine paths in results
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "runs" / "layer-probe"
@@ -68,7 +69,7 @@ def main() -> None:
                        reference=f"all {total} layers")
     stem = RESULTS / f"layer_probe_dev_limit{args.limit}"
     for path in result.paths.values():
-        shutil.copy(path, stem.with_suffix(Path(path).suffix))
+        publish(path, stem.with_suffix(Path(path).suffix))
     print(result.markdown)
 
 

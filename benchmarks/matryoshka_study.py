@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import time
 from pathlib import Path
+
+from publish import publish, relative  # benchmarks/publish.py: no machine paths in results
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -108,8 +109,8 @@ def main() -> None:
     stem = Path(args.name)
     stem.parent.mkdir(parents=True, exist_ok=True)
     for path in report.paths.values():
-        shutil.copy(path, stem.with_suffix(Path(path).suffix))
-    stem.with_suffix(".md").write_text(markdown, encoding="utf-8")
+        publish(path, stem.with_suffix(Path(path).suffix))
+    stem.with_suffix(".md").write_text(relative(markdown), encoding="utf-8")
     per_stage = {f"{run}/{name}": {k: s.get(k) for k in ("steps", "tokens", "train_seconds", "final_eval",
                                                           "matryoshka_dims") if k in s}
                  for run, summary in (("plain", plain), ("matryoshka", matryoshka))

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import time
 from pathlib import Path
+
+from publish import publish  # benchmarks/publish.py: no machine paths in results
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -47,7 +48,7 @@ def main() -> None:
     report = run_bench(models, suite="quick", out_dir=out / "bench", baselines=True, limit=args.limit)
     RESULTS.mkdir(parents=True, exist_ok=True)
     for path in report.paths.values():
-        shutil.copy(path, RESULTS / f"{args.name}{Path(path).suffix}")
+        publish(path, RESULTS / f"{args.name}{Path(path).suffix}")
     per_stage = {name: {k: s.get(k) for k in ("steps", "tokens", "train_seconds", "final_eval", "mini_batch")
                         if k in s} for name, s in summary["per_stage"].items()}
     (RESULTS / f"{args.name}_runs.json").write_text(json.dumps(

@@ -30,6 +30,8 @@ import json
 import time
 from pathlib import Path
 
+from publish import relative  # benchmarks/publish.py: no machine paths in results
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 RETRIEVAL = ["wordnet-retrieval", "manpage-retrieval", "foldoc-retrieval"]
@@ -241,13 +243,13 @@ def main() -> None:
     if stage_eval:
         markdown += "\n\nSPLADE stage, held-out crops at its end: " + ", ".join(
             f"{k.removeprefix('eval/')} {v:.3f}" for k, v in stage_eval.items()) + "\n"
-    (RESULTS / f"{args.name}.md").write_text(markdown + "\n" + report.markdown)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(
+    (RESULTS / f"{args.name}.md").write_text(relative(markdown + "\n" + report.markdown))
+    (RESULTS / f"{args.name}.json").write_text(relative(json.dumps(
         {"run": str(run), "split": args.split, "limit": args.limit, "overrides": SPLADE_STAGE + args.overrides,
          "encoders": {k: str(v) for k, v in encoders.items()}, "rows": rows, "bench_rows": report.rows,
          "splade_stage_eval": stage_eval,
          "convert_seconds_this_call": convert_s, "bench_seconds": round(time.perf_counter() - t1, 1)},
-        indent=2, default=str) + "\n")
+        indent=2, default=str)) + "\n")
     plot(rows, models, tasks, RESULTS / f"{args.name}.png")
     print(markdown)
 
