@@ -11,9 +11,8 @@ right, run under ``torch.inference_mode`` in the chosen dtype, and pooled in fp3
 
 Defined edge cases (counted, one warning per call): an empty text is embedded as the tokenizer
 encodes it (with a prompt: the prompt alone); when that is zero tokens, as a lone EOS token (else
-BOS, else pad) - sentence-transformers would pool zero tokens into a zero vector. Where the prompt is
-left out of pooling (``include_prompt: false``, as a sink prompt is), an empty text pools no token: a
-zero vector, as sentence-transformers gives. A text longer
+BOS, else pad) - sentence-transformers would pool zero tokens into a zero vector, as both do where the
+prompt is left out of pooling (``include_prompt: false``: a sink prompt). A text longer
 than ``max_length`` tokens is truncated like the tokenizer truncates (special tokens kept).
 
 ``truncate_dim`` keeps the first N dimensions of each vector (an encoder trained with Matryoshka sizes,
@@ -66,9 +65,8 @@ class EncodeStats:
                           "truncated", EncodeWarning, stacklevel=3)
         if self.empty:
             warnings.warn(f"{self.empty} of {self.n} texts were empty; each was embedded as the tokenizer encodes "
-                          "an empty text (a lone EOS token when that is no token at all), or, where the encoder leaves "
-                          "its prompt out of pooling (a sink prompt), as a zero vector, as sentence-transformers "
-                          "embeds it", EncodeWarning, stacklevel=3)
+                          "an empty text (a lone EOS token when that is no token at all), or as a zero vector where "
+                          "the prompt is left out of pooling (a sink prompt)", EncodeWarning, stacklevel=3)
 
 
 @dataclass
