@@ -30,8 +30,6 @@ import json
 import time
 from pathlib import Path
 
-from publish import relative  # benchmarks/publish.py: no machine paths in results
-
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 RETRIEVAL = ["wordnet-retrieval", "manpage-retrieval", "foldoc-retrieval"]
@@ -243,6 +241,9 @@ def main() -> None:
     if stage_eval:
         markdown += "\n\nSPLADE stage, held-out crops at its end: " + ", ".join(
             f"{k.removeprefix('eval/')} {v:.3f}" for k, v in stage_eval.items()) + "\n"
+    # no machine paths in results; imported here, as tests load this file by path without benchmarks/ on sys.path
+    from publish import relative
+
     (RESULTS / f"{args.name}.md").write_text(relative(markdown + "\n" + report.markdown))
     (RESULTS / f"{args.name}.json").write_text(relative(json.dumps(
         {"run": str(run), "split": args.split, "limit": args.limit, "overrides": SPLADE_STAGE + args.overrides,
