@@ -185,6 +185,11 @@ RECIPES: dict[str, list[tuple[str, float, dict]]] = {
                                                                            "keep_source": 4.0},
                                                            **LORA, "train": {"lr": 1.0e-3},
                                                            "export": {"sink_prompt": "\n"}})],
+    # presets/demo-matryoshka.yaml as it is: len16-mrl with the sink prompt the demo has had since the eighth screening
+    "crops-lora-lr1e-3-len16-mrl-sink": [("crops", 1.0, {"contrastive": {"dropout": 0.0, "max_length": 16,
+                                                                         "matryoshka_dims": ["full", 288, 144, 64]},
+                                                         **LORA, "train": {"lr": 1.0e-3},
+                                                         "export": {"sink_prompt": "\n"}})],
     # the demo's recipe on four domains of text in place of the 300 news articles (benchmarks/study_corpus.py)
     "crops-lora-lr1e-3-mix": [("crops", 1.0, {"contrastive": {"dropout": 0.0}, **LORA, "train": {"lr": 1.0e-3},
                                               "data": {"sources": ["study:mix"]}})],

@@ -39,7 +39,7 @@ def linear_cka(x: torch.Tensor, y: torch.Tensor, eps: float = 1e-6) -> torch.Ten
     """Linear CKA (Kornblith et al., 2019) between two sets of vectors of the same rows, ``x`` (N, H) and
     ``y`` (N, H'), each dimension standardized over the rows first (so a few huge dimensions, as decoders
     have, do not make the measure theirs, and what a standardized linear probe reads is what counts).
-    1: the same representation up to a rotation and scale; near 0: unrelated. Differentiable in both."""
+    1: the same standardized vectors up to a rotation and scale; near 0: unrelated. Differentiable in both."""
     def standardized(t):
         t = t.float() - t.float().mean(dim=0)
         return t / (t.pow(2).mean(dim=0).sqrt() + eps)
