@@ -10,6 +10,8 @@
    parameter gradient equals the gradient of the plain full-batch loss computed in one process.
 3. The same with Matryoshka sizes (weighted, given out of order): the full-batch loss is then the
    weighted sum of InfoNCE over the re-normalized prefixes.
+4. The same with ``keep_source`` (a frozen source, as under full fine-tuning): each process adds the weight times
+   1 - linear CKA of its own texts' vectors with the source's, so the full-batch loss adds the mean over processes.
 Rank 0 writes RESULT_DIR/result.json; any failed check exits non-zero.
 """
 import json
@@ -25,7 +27,7 @@ from accelerate import Accelerator  # noqa: E402
 from adapt.config import RunConfig  # noqa: E402
 from adapt.embedding import Embedder, tokenize  # noqa: E402
 from adapt.objectives.contrastive import Contrastive  # noqa: E402
-from adapt.objectives.infonce import all_gather_rows, info_nce  # noqa: E402
+from adapt.objectives.infonce import all_gather_rows, info_nce, linear_cka  # noqa: E402
 from adapt.pairs import Pair  # noqa: E402
 from adapt.train import Trainer  # noqa: E402
 from tests.tiny import tiny_decoder, tiny_tokenizer  # noqa: E402
@@ -70,6 +72,10 @@ def ddp_step(prefix: str, **contrastive) -> None:
     objective = Contrastive(cfg)
     objective.configure_model(model, tok)
     objective.train_set, objective.eval_set = pairs, []
+    source = None
+    if contrastive.get("keep_source"):  # a frozen source of other weights: the term then has a gradient
+        source = Embedder(tiny_decoder("llama", vocab_size=len(tok), seed=5).requires_grad_(False), "mean").eval()
+        objective.frozen_source = source
     trainer = Trainer(model, objective, train=cfg.train, run_dir=out / f"{prefix}rank{rank}", accelerator=acc,
                       show_progress=False)
     objective.start(0, acc)
@@ -85,6 +91,14 @@ def ddp_step(prefix: str, **contrastive) -> None:
     docs = embed(**tokenize(tok, [p.positive for p in global_batch] + [p.negatives[0] for p in global_batch], 128))
     sizes = objective.sizes or [(queries.shape[1], 1.0)]
     ref_loss = sum(w * info_nce(queries[:, :d], docs[:, :d], torch.arange(8), 0.1)[0] for d, w in sizes)
+    if source is not None:  # each process's term over its own 4 pairs' texts (queries, positives, negatives)
+        for r in range(world):
+            mine = global_batch[4 * r:4 * r + 4]
+            texts = (["q: " + p.query for p in mine] + [p.positive for p in mine] + [p.negatives[0] for p in mine])
+            batch = tokenize(tok, texts, 128)
+            with torch.no_grad():
+                target = source(**batch)
+            ref_loss = ref_loss + contrastive["keep_source"] * (1 - linear_cka(embed(**batch), target)) / world
     ref_loss.backward()
     ref_grads = {n: p.grad for n, p in reference.named_parameters() if p.grad is not None}
     assert captured.keys() == ref_grads.keys(), (sorted(captured), sorted(ref_grads))
@@ -99,6 +113,7 @@ def ddp_step(prefix: str, **contrastive) -> None:
 
 ddp_step("")
 ddp_step("matryoshka_", matryoshka_dims=[8, "full", 16], matryoshka_weights=[0.25, 1.0, 0.5])
+ddp_step("keep_", keep_source=2.0)
 if rank == 0:
     (out / "result.json").write_text(json.dumps(result))
 acc.wait_for_everyone()

@@ -178,10 +178,11 @@ def test_two_processes_gather_negatives_and_gradients(tmp_path, free_port):
     assert proc.returncode == 0, failure(proc.stderr)
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["gather_ok"]
-    for prefix in ("", "matryoshka_"):  # plain InfoNCE, then summed over weighted Matryoshka prefixes
+    for prefix in ("", "matryoshka_", "keep_"):  # plain InfoNCE, weighted Matryoshka prefixes, keep_source
         assert result[f"{prefix}grad_max_abs_diff"] <= 1e-4 * result[f"{prefix}grad_max_abs"] + 1e-6
         assert result[f"{prefix}loss"] == pytest.approx(result[f"{prefix}ref_loss"], abs=1e-4)
     assert result["matryoshka_loss"] > result["loss"]  # the same batch, with the two smaller sizes added
+    assert result["keep_loss"] > result["loss"] + 0.01  # and with the term (another model's vectors: CKA < 1)
 
 
 # ---- dropout ---------------------------------------------------------------------------------------
