@@ -452,7 +452,8 @@ def dims(args) -> None:
     lines += ["", "In brackets: the fraction of the full-size average kept, with its 95% interval (paired bootstrap of "
               "the items; over seeds, seeds then items resampled)."]
     (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    (RESULTS / f"{stem}.json").write_text(relative(json.dumps({"rows": result.rows, "kept": kept}, indent=2, default=str)) + "\n")
+    (RESULTS / f"{stem}.json").write_text(relative(json.dumps({"rows": result.rows, "kept": kept}, indent=2,
+                                                              default=str)) + "\n")
     plot_kept(kept, RESULTS / f"{stem}.png")
     print("\n".join(lines))
 

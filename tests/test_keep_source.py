@@ -43,7 +43,7 @@ def _crops_cfg(model_dir, tmp_path, **sections):
     return RunConfig.from_dict({**cfg.to_dict(), "kind": "crops"})
 
 
-def _texts_as_chunks(objective, tokenizer, texts):
+def _texts_as_chunks(objective, texts):
     sunk, skips = objective.sunk(texts, len(texts))
     chunks, _ = objective.chunks(sunk, "cpu", skips)
     return chunks
@@ -70,7 +70,7 @@ def test_the_source_is_the_causal_decoder_while_the_encoder_trains(tokenizer, tm
         for name, p in model.named_parameters():
             if p.requires_grad:
                 p.add_(0.2 * torch.randn_like(p))
-    chunks = _texts_as_chunks(objective, tok, ["The quick brown fox jumps over the lazy dog.", "fox", "An encoder."])
+    chunks = _texts_as_chunks(objective, ["The quick brown fox jumps over the lazy dog.", "fox", "An encoder."])
     with torch.no_grad():
         before = torch.cat([module(**c) for c in chunks])
         source = objective.source_embeddings(module, acc, chunks)
