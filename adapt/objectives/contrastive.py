@@ -214,7 +214,7 @@ class Contrastive(ObjectiveBase):
     def source_embeddings(self, module, accelerator, chunks: list[dict]) -> torch.Tensor:
         """The source's pooled vectors of ``chunks`` (chunk order), for ``keep_source``: the frozen copy, or the
         model with its LoRA adapters off; with the attention the source had; in eval mode (no dropout)."""
-        embedder = self.frozen_source or accelerator.unwrap_model(module)
+        embedder = self.frozen_source if self.frozen_source is not None else accelerator.unwrap_model(module)
         model = embedder.model
         off = model.disable_adapter() if hasattr(model, "disable_adapter") else contextlib.nullcontext()
         was_training = embedder.training
