@@ -12,6 +12,7 @@ Several processes: ``accelerate launch --config_file "$(adapt presets --path acc
 """
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import logging
@@ -42,7 +43,21 @@ def _friendly(fn):
         except AdaptError as e:
             click.secho(f"error: {e}", fg="red", err=True)
             sys.exit(2)
+        except Exception as e:
+            if not _disk_full(e):
+                raise
+            click.secho(f"error: the disk is full ({e}). Free some space (a checkpoint of full fine-tuning holds the "
+                        "weights and twice their size in optimizer state; an export writes the weights twice "
+                        "before it moves them in), then run the same command again: `adapt convert` with "
+                        "--resume goes on from its last checkpoint. What was being written was in a temporary "
+                        "folder and is not where an encoder is loaded from.", fg="red", err=True)
+            sys.exit(2)
     return wrapper
+
+
+def _disk_full(e: BaseException) -> bool:
+    """An OSError ENOSPC, or a library's own error carrying its text (safetensors raises SafetensorError)."""
+    return (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

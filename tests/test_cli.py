@@ -150,3 +150,31 @@ def test_every_command_says_when_the_model_path_does_not_exist(command, tmp_path
     result = CliRunner().invoke(main, args[:1] + ["runs/no-such/model"] + args[1:])
     assert result.exit_code == 2, result.output
     assert "runs/no-such/model: no such file or folder" in result.output and "Repo id" not in result.output
+
+
+def test_a_full_disk_during_export_says_so_leaves_nothing_half_written_and_resume_finishes(tiny_model_dir, tmp_path,
+                                                                                         monkeypatch):
+    import transformers.modeling_utils
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(CORPUS * 4)
+    out = tmp_path / "out"
+    args = ["convert", str(tiny_model_dir), "-o", str(out), "--preset", "tiny", "--data", str(corpus), "--quiet"]
+
+    def full(*a, **k):  # what safetensors raised in CI when /tmp filled up (it is not an OSError)
+        raise RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", full)
+    failed = CliRunner().invoke(main, args)
+    assert failed.exit_code == 2, failed.output
+    assert "the disk is full" in failed.output and "--resume" in failed.output and "Traceback" not in failed.output
+    assert not (out / "config.json").exists() and not (out / "model.safetensors").exists()
+    assert not [p.name for p in tmp_path.iterdir() if ".export." in p.name]  # the scratch folder went too
+
+    monkeypatch.undo()
+    resumed = CliRunner().invoke(main, args + ["--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    assert (out / "config.json").is_file() and "probe after reload" in resumed.output
+
+    other = CliRunner().invoke(main, ["probe", str(tmp_path / "nope")])
+    assert "the disk is full" not in other.output  # an ordinary error is not taken for a full disk
