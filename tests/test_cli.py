@@ -50,6 +50,7 @@ def test_convert_cli_and_friendly_errors(tiny_model_dir, tmp_path):
     assert result.exit_code == 0, result.output
     assert "probe after reload" in result.output
     assert (out / "run/config.yaml").read_text().count("mntp") >= 1
+    assert "checkpoints kept for --resume" in result.output and "run/checkpoints" in result.output
     again = CliRunner().invoke(main, ["convert", str(tiny_model_dir), "-o", str(out), "--preset", "tiny",
                                       "--data", str(corpus), "--quiet"])
     assert again.exit_code == 2 and "--overwrite" in again.output and "Traceback" not in again.output
