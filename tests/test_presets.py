@@ -31,10 +31,18 @@ def test_preset_specifics():
     # the recipe study's eighth screening: the demo and the no-preset recipe put a sink prompt before every text
     assert build_config("demo").export.sink_prompt == build_config("default").export.sink_prompt == "\n"
     assert build_config("demo-mlm").export.sink_prompt == ""
+    # the tenth: the demo and the no-preset recipe keep the source (1 - linear CKA, weight 4); demo-retrieval is the
+    # demo without it, given the steps the source's forward took
+    assert build_config("demo").contrastive.keep_source == build_config("default").contrastive.keep_source == 4.0
+    demo, retrieval = build_config("demo").to_dict(), build_config("demo-retrieval").to_dict()
+    assert (demo["contrastive"].pop("keep_source"), retrieval["contrastive"].pop("keep_source")) == (4.0, 0.0)
+    assert (demo["train"].pop("max_steps"), retrieval["train"].pop("max_steps")) == (161, 204)
+    demo.pop("description"), retrieval.pop("description")
+    assert demo == retrieval
 
 
-def test_the_matryoshka_demo_is_the_demo_trained_at_every_size_and_ordered():
-    demo, mrl = build_config("demo").to_dict(), build_config("demo-matryoshka").to_dict()
+def test_the_matryoshka_demo_is_the_retrieval_demo_trained_at_every_size_and_ordered():
+    demo, mrl = build_config("demo-retrieval").to_dict(), build_config("demo-matryoshka").to_dict()
     assert mrl["contrastive"].pop("matryoshka_dims") == ["full", 288, 144, 64]
     assert demo["contrastive"].pop("matryoshka_dims") == []
     assert (mrl["export"].pop("order_dims"), demo["export"].pop("order_dims")) == ("pca", "none")
