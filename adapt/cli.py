@@ -114,7 +114,9 @@ def convert(model, out, preset, data, objective, tuning, max_steps, stages, pair
         if s.get("loss_plot"):
             click.echo(f"  loss curve: {result.out / s['loss_plot']}")
     click.echo(f"  probe after reload: first-token change {s['probe_after']['unpadded']:.3g} (bidirectional)")
-    kept = [p for p in Path(result.out).rglob("checkpoints") if p.is_dir()]
+    from adapt.layout import CHECKPOINTS
+
+    kept = [p for p in Path(result.out).rglob(CHECKPOINTS) if p.is_dir()]
     size = sum(f.stat().st_size for d in kept for f in d.rglob("*") if f.is_file())
     if size:  # full fine-tuning keeps the optimizer's state too: twice the weights
         click.echo(f"  checkpoints kept for --resume: {size / 2**30:.2f} GiB in "
