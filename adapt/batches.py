@@ -3,7 +3,7 @@
 Epoch ``e`` visits the rows in the order ``np.random.default_rng([seed, e]).permutation(N)``, cut into
 global batches of ``batch_size * world_size``; process ``rank`` gets its slice of each. Starting at
 ``start_step`` continues exactly where an interrupted run stopped. Used for packed token blocks and
-for lists of contrastive examples alike.
+for lists of contrastive examples alike. :func:`length_batches` cuts texts for inference by length.
 """
 from __future__ import annotations
 
@@ -70,3 +70,14 @@ def batch_iterator(blocks, batch_size: int, *, seed: int, start_step: int = 0, d
     """See :class:`BatchIterator`."""
     return BatchIterator(blocks, batch_size, seed=seed, start_step=start_step, drop_last=drop_last,
                          rank=rank, world_size=world_size)
+
+
+def length_batches(order: list[int], lengths: list[int], batch_size: int, max_tokens: int) -> list[list[int]]:
+    """Inference batches (``adapt.encoder``): consecutive slices of the longest-first ``order``, of ``batch_size``
+    texts at most and at most ``max_tokens`` padded tokens (the first text of a slice is its longest)."""
+    out, start = [], 0
+    while start < len(order):
+        size = max(1, min(batch_size, max_tokens // max(1, lengths[order[start]])))
+        out.append(order[start:start + size])
+        start += size
+    return out

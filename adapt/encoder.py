@@ -22,7 +22,6 @@ on, applies to the truncated vector (as ``encode(normalize_embeddings=True)`` th
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import warnings
 from dataclasses import dataclass, field, replace
@@ -34,10 +33,12 @@ import torch
 
 from adapt.arch import facts_for, preferred_attention
 from adapt.backends import BACKENDS, BackendModel, folder_backend
+from adapt.batches import length_batches
 from adapt.bidirectional import is_bidirectional, make_bidirectional, position_ids_from_mask, prepare_config
 from adapt.bnb import check_quantized_weights
 from adapt.errors import ConfigError, ModelLoadError
-from adapt.st_folder import load_projection, read_st_settings
+from adapt.st_folder import fingerprint as fingerprint_of, load_projection, projection_key, read_st_settings, \
+    resolve_max_length
 from adapt.loading import looks_like_hub_id, parse_dtype, resolve_source
 from adapt.pooling import check_sink, pool, pooling_name, prompt_token_count, sink_prompts
 
@@ -86,6 +87,7 @@ class Encoder:
     last_stats: EncodeStats = field(default_factory=EncodeStats)
     truncate_dim: int | None = None  # keep the first N dimensions (see :func:`truncated`)
     projections: list = field(default_factory=list)  # linear Dense layers after pooling: [(weight, bias|None)]
+    identity: dict = field(default_factory=dict, repr=False)  # what the fingerprint hashes (see :func:`variant`)
 
     def __post_init__(self):
         self.model.eval()
@@ -149,7 +151,7 @@ class Encoder:
         return self._prompt_lengths[prompt]
 
     @torch.inference_mode()
-    def _forward(self, batch: list[list[int]], prompt_length: int) -> torch.Tensor:
+    def _forward(self, batch: list[list[int]], prompt_length: int, poolings: list[str]) -> list[torch.Tensor]:
         width = max(len(row) for row in batch)
         ids = torch.full((len(batch), width), self._pad_id, dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)
@@ -160,11 +162,14 @@ class Encoder:
         if self._absolute:
             kwargs["position_ids"] = position_ids_from_mask(kwargs["attention_mask"])
         hidden = self.model(**kwargs, return_dict=True).last_hidden_state.float()  # (B, T, H)
-        vectors = pool(hidden, kwargs["attention_mask"], self.pooling, prompt_length)
-        for weight, bias in self.projections:  # the folder's linear Dense layers, in fp32 as pooled
-            vectors = torch.nn.functional.linear(vectors, weight.to(vectors.device),
-                                                 None if bias is None else bias.to(vectors.device))
-        return vectors
+        out = []
+        for pooling in poolings:  # one forward, pooled each way asked
+            vectors = pool(hidden, kwargs["attention_mask"], pooling, prompt_length)
+            for weight, bias in self.projections:  # the folder's linear Dense layers, in fp32 as pooled
+                vectors = torch.nn.functional.linear(vectors, weight.to(vectors.device),
+                                                     None if bias is None else bias.to(vectors.device))
+            out.append(vectors)
+        return out
 
     def encode(self, texts: Iterable[str] | str, *, batch_size: int = 32, prompt_name: str | None = None,
                prompt: str | None = None, normalize: bool | None = None, show_progress: bool = False,
@@ -190,29 +195,44 @@ class Encoder:
         return self._encode(list(texts), batch_size, self.resolve_prompt(prompt_name, prompt), normalize, False,
                             max_batch_tokens, on_batch)
 
+    def encode_poolings(self, texts: list[str], poolings: list[str], *, batch_size: int = 32,
+                        prompt_name: str | None = None, prompt: str | None = None,
+                        normalize: bool | None = None) -> dict[str, np.ndarray]:
+        """``encode`` pooled several ways in one pass (pooling name -> vectors): each batch runs the model once,
+        so a decoder's mean- and last-token vectors cost one forward (``adapt bench --baselines`` does this)."""
+        names = [pooling_name(p) for p in poolings]
+        out, stats = self._encode(list(texts), batch_size, self.resolve_prompt(prompt_name, prompt), normalize, False,
+                                  poolings=names)
+        stats.warn(self.max_length)
+        self.last_stats = stats
+        return dict(zip(names, out))
+
     def _encode(self, texts, batch_size, prompt, normalize, show_progress,
-                max_batch_tokens=None, on_batch=None) -> tuple[np.ndarray, EncodeStats]:
+                max_batch_tokens=None, on_batch=None, poolings=None):
+        """(vectors, stats); with ``poolings``: (one array per pooling, stats)."""
         if batch_size < 1:
             raise ConfigError(f"batch_size must be at least 1, not {batch_size}")
         bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
         if bad is not None:
             raise ConfigError(f"text {bad} is a {type(texts[bad]).__name__}, not a string")
         ids, stats = self.tokenize(texts, prompt)
-        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        outs = [np.empty((len(texts), self.dim), dtype=np.float32) for _ in poolings or [self.pooling]]
         order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))  # longest first: peak memory up front
         prompt_length = self._prompt_length(prompt) if prompt and not self.include_prompt else 0
-        batches = _batches(order, [len(row) for row in ids], batch_size, max_batch_tokens or batch_size * 128)
+        batches = length_batches(order, [len(row) for row in ids], batch_size, max_batch_tokens or batch_size * 128)
         if show_progress:
             from tqdm.auto import tqdm
             batches = tqdm(batches, desc="Encoding", unit="batch")
         for rows in batches:
-            vectors = self._forward([ids[i] for i in rows], prompt_length)[:, :self.dim]
-            if self.normalize if normalize is None else normalize:
-                vectors = torch.nn.functional.normalize(vectors, p=2, dim=-1)
-            out[rows] = vectors.cpu().numpy()
+            for out, vectors in zip(outs, self._forward([ids[i] for i in rows], prompt_length,
+                                                        poolings or [self.pooling])):
+                vectors = vectors[:, :self.dim]
+                if self.normalize if normalize is None else normalize:
+                    vectors = torch.nn.functional.normalize(vectors, p=2, dim=-1)
+                out[rows] = vectors.cpu().numpy()
             if on_batch is not None:
                 on_batch(len(rows))
-        return out, stats
+        return (outs if poolings else outs[0]), stats
 
     def iter_encode(self, texts: Iterable[str], *, chunk_size: int = 10_000, batch_size: int = 32,
                     prompt_name: str | None = None, prompt: str | None = None, normalize: bool | None = None,
@@ -241,17 +261,6 @@ class Encoder:
         for vectors in self.iter_encode(texts, **kwargs):
             writer.write(vectors)
         return self.last_stats
-
-
-def _batches(order: list[int], lengths: list[int], batch_size: int, max_tokens: int) -> list[list[int]]:
-    """Consecutive slices of the longest-first ``order``: ``batch_size`` texts at most, and at most
-    ``max_tokens`` padded tokens (the first text of a slice is its longest)."""
-    out, start = [], 0
-    while start < len(order):
-        size = max(1, min(batch_size, max_tokens // max(1, lengths[order[start]])))
-        out.append(order[start:start + size])
-        start += size
-    return out
 
 
 def load_encoder(source, *, pooling: str | None = None, bidirectional: bool | None = None,
@@ -336,21 +345,38 @@ def load_encoder(source, *, pooling: str | None = None, bidirectional: bool | No
     if bidirectional is True:
         make_bidirectional(model)
     model.to(device)
-    max_length = _max_length(max_length, st, tokenizer, config)
+    max_length = resolve_max_length(max_length, st, tokenizer, config)
     pooling = pooling_name(pooling or st.get("pooling") or "mean")
     normalize = bool(st.get("normalize", False) if normalize is None else normalize)
     name = path.name if path.is_dir() else str(source)
-    fingerprint = _fingerprint(path if path.is_dir() else str(source), Path(model_dir), pooling=pooling,
-                               bidirectional=is_bidirectional(model), dtype=str(torch_dtype), normalize=normalize,
-                               max_length=int(max_length), prompts=st["prompts"],
-                               include_prompt=st["include_prompt"], do_lower_case=st["do_lower_case"],
-                               **_projection_key(st))
+    settings = dict(pooling=pooling, bidirectional=is_bidirectional(model), dtype=str(torch_dtype), normalize=normalize,
+                    max_length=int(max_length), prompts=st["prompts"], include_prompt=st["include_prompt"],
+                    do_lower_case=st["do_lower_case"], **projection_key(st))
+    identity = {"source": path if path.is_dir() else str(source), "model_dir": Path(model_dir), "settings": settings,
+                "decoder": "transformer_path" not in st}  # a raw decoder: variant() may pool it another way
+    fingerprint = fingerprint_of(identity["source"], identity["model_dir"], **settings)
     return truncated(Encoder(model, tokenizer, name=name, pooling=pooling, normalize=normalize,
                              max_length=int(max_length), prompts=st["prompts"],
                              default_prompt_name=st["default_prompt_name"], include_prompt=st["include_prompt"],
                              do_lower_case=st["do_lower_case"], fingerprint=fingerprint,
-                             projections=[load_projection(p) for p in st.get("projections") or []]),
+                             projections=[load_projection(p) for p in st.get("projections") or []], identity=identity),
                      truncate_dim, st.get("matryoshka_dims"))
+
+
+def variant(encoder: Encoder, *, pooling: str, sink_prompt: str | None = None) -> Encoder:
+    """A raw decoder loaded by :func:`load_encoder`, pooled another way and/or with a sink prompt: the same loaded
+    model (no second load), with the settings and fingerprint ``load_encoder(source, pooling=..., sink_prompt=...)``
+    gives, so its vectors (and its cache entries) are the same."""
+    ident = encoder.identity
+    if not ident.get("decoder") or encoder.truncate_dim:
+        raise ConfigError(f"{encoder.name}: only a raw decoder loaded whole by load_encoder has variants; load it "
+                          "again with the pooling and sink prompt wanted")
+    check_sink(encoder.tokenizer, sink_prompt or "", where=f"{encoder.name}: sink prompt")
+    prompts, default_name, include = sink_prompts({}, sink_prompt or "")
+    settings = {**ident["settings"], "pooling": pooling_name(pooling), "prompts": prompts, "include_prompt": include}
+    return replace(encoder, pooling=settings["pooling"], prompts=prompts, default_prompt_name=default_name,
+                   include_prompt=include, identity={**ident, "settings": settings}, last_stats=EncodeStats(),
+                   fingerprint=fingerprint_of(ident["source"], ident["model_dir"], **settings))
 
 
 def truncated(encoder: Encoder, dim: int | None, trained: list[int] | None = None) -> Encoder:
@@ -394,27 +420,17 @@ def _load_graph_encoder(path: Path, model_dir: Path, graph: dict, st: dict, *, p
         model = BackendModel(path / graph["file"], graph["name"], config)
     except Exception as err:  # noqa: BLE001 - every failure here is "this is not a model we can load"
         raise ModelLoadError(f"cannot load the {graph['name']} graph of {path}: {type(err).__name__}: {err}") from err
-    max_length = _max_length(max_length, st, tokenizer, config)
+    max_length = resolve_max_length(max_length, st, tokenizer, config)
     pooling = pooling_name(pooling or st.get("pooling") or "mean")
     normalize = bool(st.get("normalize", False) if normalize is None else normalize)
-    fingerprint = _fingerprint(path, path / Path(graph["file"]).parent, pooling=pooling, backend=graph["name"],
+    fingerprint = fingerprint_of(path, path / Path(graph["file"]).parent, pooling=pooling, backend=graph["name"],
                                quantize=graph.get("quantize"), normalize=normalize, max_length=max_length,
                                prompts=st["prompts"], include_prompt=st["include_prompt"],
-                               do_lower_case=st["do_lower_case"], **_projection_key(st))
+                               do_lower_case=st["do_lower_case"], **projection_key(st))
     return Encoder(model, tokenizer, name=path.name, pooling=pooling, normalize=normalize, max_length=max_length,
                    prompts=st["prompts"], default_prompt_name=st["default_prompt_name"],
                    include_prompt=st["include_prompt"], do_lower_case=st["do_lower_case"], fingerprint=fingerprint,
                    projections=[load_projection(p) for p in st.get("projections") or []])
-
-
-def _max_length(max_length, st: dict, tokenizer, config) -> int:
-    """As asked, else the folder's ``max_seq_length``, else the tokenizer's; never past the model's positions."""
-    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-    max_length = max_length or st.get("max_seq_length") or min(tokenizer.model_max_length, 1_000_000)
-    max_length = 512 if max_length == 1_000_000 else int(max_length)
-    if positions and max_length > positions:
-        log.warning("max_length %s is beyond the model's %s positions: texts are cut there", max_length, positions)
-    return min(max_length, positions or max_length)
 
 
 def backend_encoder(folder, torch_encoder: Encoder, model) -> Encoder:
@@ -425,26 +441,6 @@ def backend_encoder(folder, torch_encoder: Encoder, model) -> Encoder:
 def backend_of(encoder: Encoder) -> str:
     """The backend an encoder runs: torch, onnx or openvino."""
     return getattr(encoder.model, "backend", "torch")
-
-
-def _projection_key(st: dict) -> dict:
-    """What a folder's Dense layers add to its fingerprint: (folder, file, size, mtime) of their weights; nothing
-    for a folder without any, so an encoder's fingerprint (and its cached embeddings) is what it was before."""
-    folders = st.get("projections") or []
-    if not folders:
-        return {}
-    return {"projections": [(str(Path(f).resolve()), p.name, p.stat().st_size, p.stat().st_mtime_ns)
-                            for f in folders for p in sorted(Path(f).glob("*")) if p.suffix in (".safetensors", ".bin")]}
-
-
-def _fingerprint(source, model_dir: Path, **settings) -> str:
-    """A stable id of what decides the vectors: the source, its weight files (name, size, mtime) and settings."""
-    source = str(Path(source).resolve()) if isinstance(source, Path) else source
-    weights = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in model_dir.glob("*")
-                     if p.suffix in (".safetensors", ".bin", ".gguf", ".onnx", ".onnx_data", ".data", ".xml")) \
-        if model_dir.is_dir() else []
-    blob = json.dumps({"source": source, "weights": weights, **settings}, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 from adapt.mteb_adapter import MTEBAdapter  # noqa: E402,F401 - kept importable from here

@@ -1,8 +1,10 @@
 """What a sentence-transformers folder says: its modules read into the settings adapt's fast encoder runs
 (pooling, linear ``Dense`` layers, normalization, prompts, limits), and the dimension-order rotation an export
-carries (``export.order_dims``, :mod:`adapt.dim_order`) so that a re-export keeps it."""
+carries (``export.order_dims``, :mod:`adapt.dim_order`) so that a re-export keeps it; and the fingerprint that
+identifies a loaded encoder's vectors (its weights and settings)."""
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -109,3 +111,35 @@ def previous_rotation(model_dir: Path, previous: dict, pooling: str | None):
 _LEGACY_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
                  "pooling_mode_mean_tokens": "mean", "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
                  "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken"}
+
+
+# ---- what identifies an encoder's vectors (adapt.encoder; the benchmark's embedding cache keys on it) ----
+
+def resolve_max_length(max_length, st: dict, tokenizer, config) -> int:
+    """As asked, else the folder's ``max_seq_length``, else the tokenizer's; never past the model's positions."""
+    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    max_length = max_length or st.get("max_seq_length") or min(tokenizer.model_max_length, 1_000_000)
+    max_length = 512 if max_length == 1_000_000 else int(max_length)
+    if positions and max_length > positions:
+        log.warning("max_length %s is beyond the model's %s positions: texts are cut there", max_length, positions)
+    return min(max_length, positions or max_length)
+
+
+def projection_key(st: dict) -> dict:
+    """What a folder's Dense layers add to its :func:`fingerprint`: (folder, file, size, mtime) of their weights; nothing
+    for a folder without any, so an encoder's fingerprint (and its cached embeddings) is what it was before."""
+    folders = st.get("projections") or []
+    if not folders:
+        return {}
+    return {"projections": [(str(Path(f).resolve()), p.name, p.stat().st_size, p.stat().st_mtime_ns)
+                            for f in folders for p in sorted(Path(f).glob("*")) if p.suffix in (".safetensors", ".bin")]}
+
+
+def fingerprint(source, model_dir: Path, **settings) -> str:
+    """A stable id of what decides the vectors: the source, its weight files (name, size, mtime) and settings."""
+    source = str(Path(source).resolve()) if isinstance(source, Path) else source
+    weights = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in model_dir.glob("*")
+                     if p.suffix in (".safetensors", ".bin", ".gguf", ".onnx", ".onnx_data", ".data", ".xml")) \
+        if model_dir.is_dir() else []
+    blob = json.dumps({"source": source, "weights": weights, **settings}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -333,3 +333,39 @@ def test_the_reference_encoder_gets_no_verdict_against_a_given_source(tmp_path):
     display = [s.label for s in specs]
     found = _baselines_of(entries, display, "src")
     assert list(found) == ["enc"] and found["enc"] == display[1:5]
+
+
+def test_baselines_share_a_load_and_a_forward_and_score_as_if_each_were_loaded(tmp_path, tiny_model_dir, monkeypatch):
+    """--baselines loads the source once for its three causal rows and pools mean and last from one forward; the
+    scores and the cached vectors are those of loading and encoding each model on its own."""
+    import shutil
+
+    import adapt.encoder
+    from adapt.bench.models import default_loader
+
+    converted = tmp_path / "converted"
+    shutil.copytree(tiny_model_dir, converted)
+    (converted / "run").mkdir()
+    (converted / "run" / "config.yaml").write_text(f"model:\n  source: {tiny_model_dir}\n")
+    task = str(make_similarity(tmp_path / "s"))
+    loads, forwards = [], []
+    load, forward = adapt.encoder.load_encoder, adapt.encoder.Encoder._forward
+    monkeypatch.setattr(adapt.encoder, "load_encoder", lambda *a, **k: loads.append(a[0]) or load(*a, **k))
+    monkeypatch.setattr(adapt.encoder.Encoder, "_forward", lambda self, *a: forwards.append(self.name) or
+                        forward(self, *a))
+    runs = {}
+    for how, loader in (("shared", None), ("alone", lambda spec, max_length: default_loader(spec, max_length))):
+        loads.clear(), forwards.clear()
+        report = run_bench([str(converted)], tasks=[task], out_dir=tmp_path / how, baselines=True, references=False,
+                           show_progress=False, max_length=32, loader=loader)
+        runs[how] = (report, len(loads), len(forwards))
+    (shared, shared_loads, shared_forwards), (alone, alone_loads, alone_forwards) = runs["shared"], runs["alone"]
+    assert alone_loads == 5 and shared_loads == 3  # the converted model, the source causal once, bidirectional once
+    assert shared_forwards * 5 == alone_forwards * 4  # causal mean and last: one forward
+    assert [(r["model"], r["task"], r["metric"], r["value"]) for r in shared.rows] == \
+        [(r["model"], r["task"], r["metric"], r["value"]) for r in alone.rows]
+    files = {how: {p.relative_to(tmp_path / how): np.load(p) for p in (tmp_path / how / "cache").rglob("*.npy")}
+             for how in runs}
+    assert len(files["shared"]) == 5 and files["shared"].keys() == files["alone"].keys()  # one text group, 5 models
+    assert all(np.array_equal(v, files["alone"][k]) for k, v in files["shared"].items())
+    assert shared.cache_hits == 1 and alone.cache_hits == 0  # the last-token row: written by the mean rows' pass

@@ -147,7 +147,7 @@ def test_sentence_transformers_bert_model():
 
 
 def test_long_texts_get_smaller_batches():
-    from adapt.encoder import _batches
+    from adapt.batches import length_batches as _batches
 
     lengths = [100, 90, 12, 10, 10, 9, 8, 3]
     batches = _batches(list(range(8)), lengths, batch_size=4, max_tokens=200)
@@ -195,3 +195,45 @@ def test_max_length_beyond_the_model_positions_is_cut_to_them(tmp_path, tokenize
     assert encoder.max_length == positions
     vectors = encoder.encode(["word " * (positions * 3)])
     assert vectors.shape[0] == 1 and np.isfinite(vectors).all()
+
+
+def test_encode_poolings_is_each_pooling_from_one_forward(exports, tiny_model_dir):
+    """One pass pooled several ways gives each pooling's vectors bit for bit, normalized or not, with a prompt left
+    out of pooling or not, and runs the model once a batch."""
+    from adapt.encoder import variant
+    from adapt.pooling import DEFAULT_SINK
+
+    for encoder in (load_encoder(exports["mean"]), variant(load_encoder(tiny_model_dir), pooling="mean",
+                                                           sink_prompt=DEFAULT_SINK)):
+        calls = []
+        forward = encoder.model.forward
+        encoder.model.forward = lambda *a, **k: calls.append(1) or forward(*a, **k)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", EncodeWarning)
+            both = encoder.encode_poolings(TEXTS, ["mean", "last", "weighted_mean"], batch_size=4)
+            assert len(calls) == 2  # 6 texts, 4 a batch
+            assert list(both) == ["mean", "last", "weightedmean"]
+            for pooling, vectors in both.items():
+                alone = variant(encoder, pooling=pooling, sink_prompt=DEFAULT_SINK) if encoder.identity.get(
+                    "decoder") else load_encoder(exports["mean"], pooling=pooling)
+                assert np.array_equal(vectors, alone.encode(TEXTS, batch_size=4)), pooling
+        assert not np.allclose(both["mean"], both["last"])
+
+
+def test_a_variant_is_what_loading_it_again_gives(tiny_model_dir, exports):
+    """variant(): the loaded decoder pooled another way or with a sink prompt: no second load, and the same settings,
+    fingerprint (the benchmark's cache key) and vectors as load_encoder with those options."""
+    from adapt.encoder import variant
+    from adapt.pooling import DEFAULT_SINK
+
+    causal = load_encoder(tiny_model_dir, bidirectional=False)
+    for pooling, sink in (("last", None), ("mean", DEFAULT_SINK), ("weightedmean", DEFAULT_SINK), ("mean", None)):
+        derived = variant(causal, pooling=pooling, sink_prompt=sink)
+        loaded = load_encoder(tiny_model_dir, bidirectional=False, pooling=pooling, sink_prompt=sink)
+        assert derived.model is causal.model and derived.fingerprint == loaded.fingerprint, (pooling, sink)
+        assert (derived.prompts, derived.default_prompt_name, derived.include_prompt) == \
+            (loaded.prompts, loaded.default_prompt_name, loaded.include_prompt)
+        assert np.array_equal(derived.encode(TEXTS[:3]), loaded.encode(TEXTS[:3]))
+    assert variant(causal, pooling="last").fingerprint != causal.fingerprint
+    with pytest.raises(ConfigError, match="only a raw decoder"):
+        variant(load_encoder(exports["mean"]), pooling="last")  # an exported encoder keeps its own pooling

@@ -76,7 +76,7 @@ class EmbeddingCache:
 
 
 def embed(encoder, texts: list[str], *, prompt: str | None, batch_size: int, cache: EmbeddingCache,
-          model_key: str, model_name: str, procs: Processes | None = None) -> np.ndarray:
+          model_key: str, model_name: str, procs: Processes | None = None, siblings=()) -> np.ndarray:
     """Embeddings of ``texts`` (float32, one row per text), from the cache or from ``encoder``.
 
     Texts are sorted longest first and cut into blocks of ``batch_size`` (similar lengths in a block:
@@ -85,6 +85,11 @@ def embed(encoder, texts: list[str], *, prompt: str | None, batch_size: int, cac
     calls on the same texts as in one process, so the vectors (and the scores) are the same bit for bit.
     Every process gets the whole array. ``prompt`` is passed only to encoders that declare it in a
     ``prompts`` mapping (sentence-transformers style); others embed the raw text.
+
+    ``siblings``: ``(encoder, model_key, model_name)`` of models that differ from ``encoder`` only in pooling
+    (:func:`adapt.encoder.variant`s of its loaded model). In one process with an on-disk cache, the ones the cache
+    lacks are pooled from the same forward (``encode_poolings``) and written to the cache, where their own turn
+    finds them: the same vectors as their own pass would give, for one forward instead of several.
     """
     procs = procs or Processes()
     if not texts:
@@ -97,18 +102,44 @@ def embed(encoder, texts: list[str], *, prompt: str | None, batch_size: int, cac
         cache.hits += 1
         return cached
     cache.misses += 1
+    share = []  # (sibling encoder, its cache path) to fill from this forward
+    if procs.world == 1 and cache.root is not None and hasattr(encoder, "encode_poolings"):
+        for other, key, name in siblings:
+            other_path = cache.path(key, name, prompt, texts)
+            if other.pooling != encoder.pooling and cache.get(other_path, len(texts)) is None:
+                share.append((other, other_path))
     order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
     blocks = [order[at:at + batch_size] for at in range(0, len(order), batch_size)]
     prompts = getattr(encoder, "prompts", None) or {}
     kwargs = {"prompt_name": prompt} if prompt and prompt in prompts else {}
+    poolings = list(dict.fromkeys([encoder.pooling, *(other.pooling for other, _ in share)])) if share else None
     mine = []
     with warnings.catch_warnings():  # texts beyond max_length are cut on purpose in a benchmark
         warnings.filterwarnings("ignore", message=r".*were truncated")
         for block in blocks[procs.rank::procs.world]:
-            mine.append(np.asarray(encoder.encode([texts[i] for i in block], batch_size=batch_size,
-                                                  show_progress=False, **kwargs), dtype=np.float32))
+            block_texts = [texts[i] for i in block]
+            if poolings:
+                pooled = encoder.encode_poolings(block_texts, poolings, batch_size=batch_size, **kwargs)
+                mine.append({p: np.asarray(v, dtype=np.float32) for p, v in pooled.items()})
+            else:
+                mine.append(np.asarray(encoder.encode(block_texts, batch_size=batch_size, show_progress=False,
+                                                      **kwargs), dtype=np.float32))
+    if poolings:
+        for other, other_path in share:
+            cache.put(other_path, _in_order([part[other.pooling] for part in mine], blocks, order, other.name,
+                                            batch_size))
+        mine = [part[encoder.pooling] for part in mine]
     shares = gather(procs, mine) if procs.world > 1 else [mine]
     parts = [shares[k % procs.world][k // procs.world] for k in range(len(blocks))]  # block k, in order
+    emb = _in_order(parts, blocks, order, model_name, batch_size)
+    if procs.main:
+        cache.put(path, emb)
+    return emb
+
+
+def _in_order(parts: list[np.ndarray], blocks: list[list[int]], order: list[int], model_name: str,
+              batch_size: int) -> np.ndarray:
+    """The blocks' vectors put back in text order, after checking their shapes and values."""
     if any(part.ndim != 2 or part.shape[0] != len(block) for part, block in zip(parts, blocks)) or \
             len({part.shape[1] for part in parts}) > 1:
         shapes = sorted({part.shape for part in parts})
@@ -120,6 +151,4 @@ def embed(encoder, texts: list[str], *, prompt: str | None, batch_size: int, cac
                          "(try dtype=float32)")
     emb = np.empty_like(out)
     emb[np.asarray(order)] = out
-    if procs.main:
-        cache.put(path, emb)
     return emb

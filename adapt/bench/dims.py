@@ -74,9 +74,11 @@ def truncate(vectors: np.ndarray, dim) -> np.ndarray:
 class TaskVectors:
     """One model's embeddings of one task's texts, encoded once (through ``cache``), cut to any size."""
 
-    def __init__(self, encoder, cache: EmbeddingCache, key: str, name: str, batch_size: int, procs=None):
+    def __init__(self, encoder, cache: EmbeddingCache, key: str, name: str, batch_size: int, procs=None,
+                 siblings=()):
         self.encoder, self.cache, self.key, self.name, self.batch_size = encoder, cache, key, name, batch_size
         self.procs = procs  # several processes: each encodes its share (adapt.bench.cache.embed)
+        self.siblings = siblings  # models pooled from the same forward (adapt.bench.cache.embed)
         self.full: dict[tuple, np.ndarray] = {}
 
     def at(self, dim):
@@ -85,7 +87,8 @@ class TaskVectors:
             k = (prompt, texts_hash(texts))
             if k not in self.full:
                 self.full[k] = embed(self.encoder, texts, prompt=prompt, batch_size=self.batch_size,
-                                     cache=self.cache, model_key=self.key, model_name=self.name, procs=self.procs)
+                                     cache=self.cache, model_key=self.key, model_name=self.name, procs=self.procs,
+                                     siblings=self.siblings)
             return truncate(self.full[k], dim)
         return fn
 

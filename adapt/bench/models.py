@@ -7,6 +7,7 @@ GGUF file, or a sentence-transformers model) plus how to pool it, written on the
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,6 +167,51 @@ def default_loader(spec: ModelSpec, max_length: int | None, device: str | None =
     return load_encoder(spec.source, pooling=spec.pooling, bidirectional=spec.bidirectional,
                         normalize=spec.normalize, dtype=spec.dtype, max_length=max_length, device=device,
                         sink_prompt=DEFAULT_SINK if spec.sink else None)
+
+
+class SharedLoads:
+    """A loader (``default_loader`` by default) that loads a raw decoder once for the specs that differ only in pooling
+    and sink prompt, as a decoder's causal baselines do: the later ones are :func:`adapt.encoder.variant`s of the
+    model it holds (the same vectors and fingerprints as loading each). It holds one model at a time."""
+
+    def __init__(self, load: Loader):
+        self.load = load
+        self.held: tuple[tuple, object] | None = None
+
+    @staticmethod
+    def _weights(spec: ModelSpec, max_length: int | None) -> tuple:
+        return spec.source, spec.bidirectional, spec.normalize, spec.dtype, max_length
+
+    def _variant(self, spec: ModelSpec, max_length: int | None):
+        if self.held is None or self.held[0] != self._weights(spec, max_length):
+            return None
+        from adapt.encoder import variant
+        from adapt.pooling import DEFAULT_SINK
+
+        return variant(self.held[1], pooling=spec.pooling or "mean", sink_prompt=DEFAULT_SINK if spec.sink else None)
+
+    def __call__(self, spec: ModelSpec, max_length: int | None) -> EncoderLike:
+        found = self._variant(spec, max_length)
+        if found is not None:
+            return found
+        self.held = None  # let the model held go before the next one loads
+        gc.collect()
+        encoder = self.load(spec, max_length)
+        if getattr(encoder, "identity", {}).get("decoder") and not getattr(encoder, "truncate_dim", None):
+            self.held = (self._weights(spec, max_length), encoder)
+        return encoder
+
+    def siblings(self, spec: ModelSpec, later: list[tuple[ModelSpec, str]], max_length: int | None) -> list:
+        """``(spec, encoder, name)`` of the ``later`` specs (with their display names) that only pool the model
+        loaded for ``spec`` another way: their vectors can come from ``spec``'s forward."""
+        if self.held is None or self.held[0] != self._weights(spec, max_length):
+            return []
+        out = []
+        for other, name in later:
+            if other.pooling != spec.pooling and \
+                    dataclasses.replace(other, pooling=spec.pooling, label=spec.label) == spec:
+                out.append((other, self._variant(other, max_length), name))
+        return out
 
 
 def encoder_key(encoder: EncoderLike, spec: ModelSpec | None, max_length: int | None) -> str:

@@ -26,8 +26,8 @@ from adapt.bench.bm25 import BM25Baseline
 from adapt.bench.cache import EmbeddingCache
 from adapt.bench.dims import TaskVectors, TooLarge, label, pairs_at, parse_dims, sizes_of, too_large
 from adapt.bench.folders import is_task_folder, load_task_folder
-from adapt.bench.models import (REFERENCE_LABEL, Loader, ModelSpec, as_spec, baseline_specs, default_loader,
-                                default_reference, encoder_key, expand_models)
+from adapt.bench.models import (REFERENCE_LABEL, Loader, ModelSpec, SharedLoads, as_spec, baseline_specs,
+                                default_loader, default_reference, encoder_key, expand_models)
 from adapt.bench.report import BenchReport, versions, write_reports
 from adapt.bench.sparse import SparseRetriever
 from adapt.bench.tasks import Task
@@ -174,7 +174,7 @@ def run_bench(models: list, *, suite: str | None = "quick", tasks: list | None =
     given = {as_spec(m).canonical() for m in models if isinstance(m, (str, ModelSpec))}
     cache = EmbeddingCache(out_dir / "cache" if use_cache else None)
     procs = processes()
-    loader = loader or functools.partial(default_loader, device=_device(procs))
+    loader = loader or SharedLoads(functools.partial(default_loader, device=_device(procs)))
     env = versions()
     rows: list[dict] = []
     items: dict[tuple[str, str], stats.ItemScores] = {}
@@ -183,14 +183,16 @@ def run_bench(models: list, *, suite: str | None = "quick", tasks: list | None =
                unit="task")
     made_group = start_group(procs)
     try:
-        for (spec, encoder), name in zip(entries, display):
+        for at, ((spec, encoder), name) in enumerate(zip(entries, display)):
             bar.set_postfix_str(f"loading {name}")
             encoder = encoder if encoder is not None else loader(spec, max_length)
             key = encoder_key(encoder, spec, max_length)
+            siblings = _siblings(loader, spec, entries[at + 1:], display[at + 1:], max_length)
             required = spec is None or spec.canonical() in given  # a model the user listed, not a baseline
             for task in resolved:
                 bar.set_postfix_str(f"{name}: {task.name}")
-                vectors = TaskVectors(encoder, cache, key, name, batch_size, procs)  # encoded once for every size
+                vectors = TaskVectors(encoder, cache, key, name, batch_size, procs,  # encoded once for every size
+                                      siblings)
                 for dim in sizes_of(encoder, dims):
                     start = time.perf_counter()
                     try:
@@ -224,6 +226,15 @@ def run_bench(models: list, *, suite: str | None = "quick", tasks: list | None =
         if made_group:
             barrier(procs)  # the others wait until process 0 has written the reports and the cards
             end_group()
+
+
+def _siblings(loader, spec: ModelSpec | None, entries, display, max_length) -> list[tuple]:
+    """``(encoder, cache key, name)`` of the later models whose vectors ``spec``'s forward gives too (another pooling
+    of the same loaded decoder: :class:`SharedLoads`)."""
+    if spec is None or not isinstance(loader, SharedLoads):
+        return []
+    later = [(s, name) for (s, e), name in zip(entries, display) if s is not None and e is None]
+    return [(enc, encoder_key(enc, s, max_length), name) for s, enc, name in loader.siblings(spec, later, max_length)]
 
 
 def _device(procs: Processes) -> str | None:
