@@ -36,7 +36,7 @@ def test_preset_specifics():
     assert build_config("demo").contrastive.keep_source == build_config("default").contrastive.keep_source == 4.0
     demo, retrieval = build_config("demo").to_dict(), build_config("demo-retrieval").to_dict()
     assert (demo["contrastive"].pop("keep_source"), retrieval["contrastive"].pop("keep_source")) == (4.0, 0.0)
-    assert (demo["train"].pop("max_steps"), retrieval["train"].pop("max_steps")) == (161, 204)
+    assert (demo["train"].pop("max_steps"), retrieval["train"].pop("max_steps")) == (116, 204)
     demo.pop("description"), retrieval.pop("description")
     assert demo == retrieval
 
