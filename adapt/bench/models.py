@@ -182,8 +182,12 @@ class SharedLoads:
     def _weights(spec: ModelSpec, max_length: int | None) -> tuple:
         return spec.source, spec.bidirectional, spec.normalize, spec.dtype, max_length
 
+    def _holds(self, spec: ModelSpec, max_length: int | None) -> bool:
+        """Whether the model held is the one ``spec`` loads (its variants are ``spec``'s siblings)."""
+        return self.held is not None and self.held[0] == self._weights(spec, max_length)
+
     def _variant(self, spec: ModelSpec, max_length: int | None):
-        if self.held is None or self.held[0] != self._weights(spec, max_length):
+        if not self._holds(spec, max_length):
             return None
         from adapt.encoder import variant
         from adapt.pooling import DEFAULT_SINK
@@ -204,7 +208,7 @@ class SharedLoads:
     def siblings(self, spec: ModelSpec, later: list[tuple[ModelSpec, str]], max_length: int | None) -> list:
         """``(spec, encoder, name)`` of the ``later`` specs (with their display names) that only pool the model
         loaded for ``spec`` another way: their vectors can come from ``spec``'s forward."""
-        if self.held is None or self.held[0] != self._weights(spec, max_length):
+        if not self._holds(spec, max_length):
             return []
         out = []
         for other, name in later:
