@@ -1,6 +1,8 @@
 """adapt: turn a causal decoder LLM into a bidirectional encoder (see README.md and DEVELOPERS.md)."""
 import logging
 
+__version__ = "0.1.0"
+
 
 class _BitsandbytesCpuKernelNotice(logging.Filter):
     """bitsandbytes logs, at import, that its optional CPU kernel (from the `kernels` package, fetched from

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import click
 
+from adapt import __version__
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
@@ -63,6 +65,7 @@ def _disk_full(e: BaseException) -> bool:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("-v", "--verbose", is_flag=True, help="Log more.")
+@click.version_option(__version__, "--version", prog_name="adapt", message="%(prog)s %(version)s")
 def main(verbose):
     """adapt: turn any causal decoder LLM into a bidirectional encoder (MLM continued pretraining),
     export it for sentence-transformers / transformers / mteb, embed text and benchmark it."""

@@ -13,6 +13,7 @@ from pathlib import Path
 from adapt.bnb import hide_bitsandbytes, quantizes
 from adapt.config import DEFAULT_KIND, DEFAULT_PRESET, RunConfig, build_config, load_preset
 from adapt.errors import ConfigError
+from adapt.loading import resolve_source
 from adapt.objectives import registry, with_forced_settings
 from adapt.runner import run_stage
 from adapt.stages import run_stages, uses_stages
@@ -47,6 +48,7 @@ def convert(source: str | None, out: str | Path, *, preset: str | None = None, o
     cfg = build_config(preset, list(overrides), model__source=source, data__sources=list(data) if data else None,
                        objective__schedule=objective, tuning__method=tuning, train__max_steps=max_steps)
     cfg = with_forced_settings(cfg)  # a preset of one `kind` (crops, mntp, ...) trains what that kind is
+    resolve_source(cfg.model.source, cfg.model.gguf_file)  # a missing model: said before the data is read
     if hide_bnb and not quantizes(cfg.tuning):
         hide_bitsandbytes()
     result = run_stage(cfg, out, resume=resume, overwrite=overwrite, show_progress=show_progress,

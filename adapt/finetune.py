@@ -56,7 +56,7 @@ from adapt.layout import CHECKPOINTS, RUN
 from adapt.loading import load_sequence_classifier, looks_like_hub_id
 from adapt.objectives.classification import POOLINGS, Classification, ClassifierModule, pad_batch, score_layer
 from adapt.readers import file_format, iter_lines, iter_records
-from adapt.st_folder import read_st_settings
+from adapt.st_folder import folder_kind, read_st_settings
 from adapt.train import Trainer, build_accelerator
 from adapt.tuning import apply_tuning, merged_model
 
@@ -107,11 +107,23 @@ def _tokenize(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
     return [row or filler for row in tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]]
 
 
+_STARTS = ("adapt finetune starts from an encoder (the folder adapt convert or adapt export wrote), a decoder "
+           "folder (transformers' save_pretrained) or a hub id")
+
+
 def _base_model_dir(source) -> str:
-    """The model folder of ``source``: an exported encoder's Transformer module, else ``source`` itself."""
+    """The model folder of ``source``: an exported encoder's Transformer module, else ``source`` itself;
+    refused (before any work) when it is neither an encoder nor a model folder nor a hub id."""
     path = Path(source).expanduser()
-    if not path.exists() and not looks_like_hub_id(source):
-        raise ModelLoadError(f"{source}: no such file or folder (and not a hub id like org/name)")
+    if not path.exists():
+        if not looks_like_hub_id(str(source)):
+            raise ModelLoadError(f"{source}: no such file or folder (and not a hub id like org/name). {_STARTS}.")
+        return str(source)
+    if not path.is_dir():
+        raise ModelLoadError(f"{source} is a file, not a model folder. {_STARTS} (a .gguf file: convert it with "
+                             "adapt convert first).")
+    if folder_kind(path) is None:
+        raise ModelLoadError(f"{source} holds no model (no config.json with a model_type, no modules.json). {_STARTS}.")
     st = read_st_settings(path) if path.is_dir() else None
     return str(st["transformer_path"]) if st and st["transformer_path"] else str(source)
 
@@ -162,6 +174,9 @@ def finetune(encoder_source, train_path, out_dir, *, eval_path=None, text_field:
         raise ConfigError(f"pooling must be 'last' or 'mean', not {pooling!r}")
     if epochs < 1 or batch_size < 1:
         raise ConfigError(f"epochs and batch_size must be at least 1, not {epochs} and {batch_size}")
+    if lr is not None and not lr > 0:
+        raise ConfigError(f"lr must be positive, not {lr!r} (leave it out for the default: 2e-5 full, 2e-4 LoRA)")
+    base_dir = _base_model_dir(encoder_source)
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / MARKER).exists():
         raise OutputExistsError(f"{out_dir} exists and is not an adapt classifier; choose another folder")
@@ -180,7 +195,7 @@ def finetune(encoder_source, train_path, out_dir, *, eval_path=None, text_field:
 
     # The loop's run folder: next to the output while training, moved into it with the saved model.
     staging = out_dir.with_name(f".{out_dir.name}.{RUN}")
-    base = TrainConfig(batch_size=batch_size, lr=lr or (2e-5 if tuning == "full" else 2e-4), weight_decay=0.01,
+    base = TrainConfig(batch_size=batch_size, lr=(2e-5 if tuning == "full" else 2e-4) if lr is None else lr, weight_decay=0.01,
                        warmup_ratio=0.0, scheduler="constant", max_grad_norm=0.0, save_every=0, keep_checkpoints=1,
                        seed=seed, best_metric="eval/macro_f1", patience=max(patience, 1))
     acc = build_accelerator(base, staging)
@@ -188,7 +203,7 @@ def finetune(encoder_source, train_path, out_dir, *, eval_path=None, text_field:
         shutil.rmtree(staging, ignore_errors=True)
     acc.wait_for_everyone()
     set_seed(seed)  # the new head's initialisation
-    model, tokenizer = load_sequence_classifier(_base_model_dir(encoder_source), label_names)
+    model, tokenizer = load_sequence_classifier(base_dir, label_names)
     train_ids = _tokenize(tokenizer, [texts[i] for i in train_idx], max_length)
     train_y = [label2id[names[i]] for i in train_idx]
     dev_ids = _tokenize(tokenizer, dev_texts, max_length) if dev_texts else []
@@ -242,6 +257,24 @@ def _save_classifier(model, tokenizer, out_dir: Path, metrics: dict, run_folder:
         shutil.move(str(run_folder), str(tmp / RUN))
 
 
+_TRAIN_ONE = "Train a classifier from it first: adapt finetune ENCODER --data train.jsonl -o CLS, then adapt classify CLS."
+
+
+def require_classifier(model_dir) -> None:
+    """Refuse, before anything is loaded, a folder that holds no sequence classifier (an embedding or sparse
+    encoder, a decoder), saying what it holds and what to run instead."""
+    path = Path(model_dir).expanduser()
+    if not path.is_dir():
+        if looks_like_hub_id(str(model_dir)) and not path.exists():
+            return  # a hub classifier: its weights are checked when it loads
+        raise ModelLoadError(f"{model_dir}: no such folder; adapt classify takes the folder adapt finetune wrote")
+    kind = folder_kind(path)
+    if kind != "classifier":
+        what = ("holds no model (no config.json)" if kind is None else "holds a model with no classification head"
+                if kind == "model" else f"is {'an' if kind[0] in 'aeiou' else 'a'} {kind}, not a sequence classifier")
+        raise ModelLoadError(f"{model_dir} {what}. {_TRAIN_ONE}")
+
+
 def classify(model_dir, input_path=None, texts=None, output_path=None, *, field: str = "text",
              batch_size: int = 32, max_length: int = 256, device: str | None = None) -> list[dict]:
     """``adapt classify``: label texts (arguments or a file) with a fine-tuned classifier folder.
@@ -251,15 +284,20 @@ def classify(model_dir, input_path=None, texts=None, output_path=None, *, field:
     """
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
+    require_classifier(model_dir)
     stream, _ = read_texts(input_path, texts, field=field)
     items = list(stream)
     try:
         config = AutoConfig.from_pretrained(model_dir)
-        model = AutoModelForSequenceClassification.from_pretrained(
-            model_dir, attn_implementation=preferred_attention(config)).eval().to(device or "cpu")
+        model, info = AutoModelForSequenceClassification.from_pretrained(
+            model_dir, attn_implementation=preferred_attention(config), output_loading_info=True)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
     except Exception as err:  # noqa: BLE001
         raise ModelLoadError(f"{model_dir} is not a classifier folder: {type(err).__name__}: {err}") from err
+    if info.get("missing_keys"):  # the head (or more) would be random: never answer with untrained weights
+        raise ModelLoadError(f"{model_dir}: its weights lack {', '.join(sorted(info['missing_keys'])[:4])}: the "
+                             f"classification head was never trained. {_TRAIN_ONE}")
+    model = model.eval().to(device or "cpu")
     ids = [row or [tokenizer.eos_token_id or 0] for row in
            tokenizer(items, truncation=True, max_length=max_length)["input_ids"]] if items else []
     order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))

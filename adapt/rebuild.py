@@ -2,12 +2,14 @@
 
 A checkpoint (``OUT/run/checkpoints/step-N``) is Accelerate's state of the training module:
 ``model.safetensors`` holds its weights (keys ``model.`` + the tuned model's: the ``*ForCausalLM``, or
-the peft model around it), next to the optimizer, scheduler and RNG states used to resume. To export
-one, the run is rebuilt as the stage runner built it, from ``OUT/run/config.yaml``: the source
-decoder (unquantized), bidirectional, adjusted by the run's objective (its seeded mask token), LoRA
-attached with the run's settings; then the checkpoint's weights are loaded into it by name and LoRA
-is merged. A QLoRA checkpoint's 4-bit base weights are not loaded (they are the frozen source
-weights, quantized): the adapter merges into the unquantized source.
+the peft model around it), next to the optimizer, scheduler and RNG states used to resume. Under
+LoRA/QLoRA it holds the trained weights only (adapters, new token rows, a SPLADE term bias:
+:mod:`adapt.train`); older ones hold the whole model. To export one, the run is rebuilt as the stage
+runner built it, from ``OUT/run/config.yaml``: the source decoder (unquantized), bidirectional,
+adjusted by the run's objective (its seeded mask token), LoRA attached with the run's settings; then
+the checkpoint's weights are loaded into it by name and LoRA is merged. An older QLoRA checkpoint's
+4-bit base weights are not loaded (they are the frozen source weights, quantized): the adapter merges
+into the unquantized source.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import torch
 from adapt import layout
 from adapt.arch import preferred_attention
 from adapt.bidirectional import is_bidirectional
+from adapt.data import resolve_data_sources, resolve_sources
 from adapt.dim_order import stage_texts
 from adapt.errors import ConfigError, ModelLoadError, NotBidirectionalError
 from adapt.export import MANIFEST, export_encoder
@@ -34,6 +37,7 @@ from adapt.tuning import apply_tuning
 log = logging.getLogger(__name__)
 
 WEIGHTS = "model.safetensors"
+PEFT_TRAINED = (".lora_A.", ".lora_B.", ".trainable_tokens_delta.", ".modules_to_save.")  # in peft's weight names
 
 
 @dataclass
@@ -96,6 +100,9 @@ def load_checkpoint_model(checkpoint) -> CheckpointModel:
         for key in saved_keys:
             name = key[len(prefix):] if key.startswith(prefix) else None
             if name not in wanted:
+                if any(part in key for part in PEFT_TRAINED):
+                    raise ModelLoadError(f"{ckpt}: {key} has no place in the model its run config describes: were "
+                                         "the run's tuning settings (target_modules) changed in run/config.yaml since?")
                 skipped += 1  # a 4-bit base weight's quantization state, a wrapper buffer
                 continue
             tensor = f.get_tensor(key)
@@ -169,6 +176,8 @@ def export_from_path(source, out_dir, *, pooling: str | None = None, normalize: 
         raise ConfigError(f"unknown dimension order {order_dims!r}: pca or none")
     if data and order_dims != "pca":
         raise ConfigError("--data is the text that --order-dims pca fits the axes on: add --order-dims pca")
+    if data:  # a missing file: said before any model loads
+        resolve_sources(resolve_data_sources([data] if isinstance(data, str) else list(data)))
     if order_dims is not None and (kind == SPARSE or top_k is not None):
         raise ConfigError("--order-dims orders a dense vector's dimensions; a sparse vector's are vocabulary terms")
     if kind not in (None, "dense", SPARSE):

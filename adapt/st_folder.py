@@ -143,3 +143,25 @@ def fingerprint(source, model_dir: Path, **settings) -> str:
         if model_dir.is_dir() else []
     blob = json.dumps({"source": source, "weights": weights, **settings}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def folder_kind(folder) -> str | None:
+    """What a local model folder holds, from its files alone (nothing is loaded): "sparse encoder" (a
+    SparseEncoder), "embedding encoder" (a sentence-transformers folder), "classifier" (a transformers
+    ``*ForSequenceClassification``), "token classifier", "decoder" (a ``*ForCausalLM``, converted or not),
+    "model" (another transformers model: a config with a ``model_type``), or None (no model there)."""
+    folder = Path(folder)
+    st_type = read_json(folder / "config_sentence_transformers.json").get("model_type")
+    modules = read_json(folder / "modules.json") if (folder / "modules.json").is_file() else []
+    if st_type == "SparseEncoder" or any(str(m.get("type", "")).endswith(("SpladePooling", "SparseAutoEncoder"))
+                                         for m in modules if isinstance(m, dict)):
+        return "sparse encoder"
+    if modules:
+        return "embedding encoder"
+    config = read_json(folder / "config.json")
+    architectures = " ".join(config.get("architectures") or [])
+    for suffix, kind in (("ForSequenceClassification", "classifier"), ("ForTokenClassification", "token classifier"),
+                         ("ForCausalLM", "decoder")):
+        if suffix in architectures:
+            return kind
+    return "model" if config.get("model_type") else None

@@ -37,12 +37,13 @@ from adapt import layout
 from adapt.arch import preferred_attention
 from adapt.bnb import hide_bitsandbytes, quantizes
 from adapt.config import SECTIONS, RunConfig, apply_overrides, check_stages, load_preset
+from adapt.data import resolve_data_sources, resolve_sources
 from adapt.errors import ConfigError
 from adapt.export import MANIFEST, export_encoder
 from adapt.st_folder import previous_rotation
 from adapt.io_utils import atomic_write_json, atomic_write_text
-from adapt.loading import load_config, parse_dtype
-from adapt.objectives import build_objective, forced_settings, kinds, registry
+from adapt.loading import load_config, parse_dtype, resolve_source
+from adapt.objectives import build_objective, forced_settings, inapplicable_settings, kinds, registry
 from adapt.objectives.infonce import matryoshka_sizes
 from adapt.runner import probe_saved, run_stage
 from adapt.sparse_export import SPARSE, reexport_sparse, require_sparse_support
@@ -59,6 +60,7 @@ class Stage:
     kind: str
     config: RunConfig
     dir: Path
+    dropped: list[str] = field(default_factory=list)  # settings of the preset or of every stage this kind cannot take
 
     @property
     def name(self) -> str:
@@ -153,6 +155,7 @@ def plan_stages(source, out, *, stages=None, pairs=None, preset=None, overrides=
             if value is not None:
                 stage_raw[section] = {**(stage_raw.get(section) or {}), name: value}
         stage_raw = apply_overrides(stage_raw, common + per_stage[i])
+        stage_raw, dropped = _drop_inapplicable(i, kind, stage_raw, own=own, targeted=per_stage[i])
         forced = _merge(forced_settings(kind), {"kind": kind})
         if i > 1:  # chained: start from the previous stage's merged encoder (a local safetensors folder)
             forced = _merge(forced, {"model": {"source": str(plan[-1].dir), "gguf_file": None, "revision": None}})
@@ -167,10 +170,28 @@ def plan_stages(source, out, *, stages=None, pairs=None, preset=None, overrides=
         if kind == "contrastive" and not cfg.contrastive.pairs:
             raise ConfigError(f"stage {i} (contrastive) needs pairs: pass --pairs FILE (JSON lines of "
                               '{"query": ..., "positive": ..., "negatives": [...]})')
-        plan.append(Stage(i, kind, cfg, out / STAGES / f"{i}-{kind}"))
+        plan.append(Stage(i, kind, cfg, out / STAGES / f"{i}-{kind}", dropped))
     if not plan[0].config.model.source:
         raise ConfigError("no model: pass MODEL (a folder, hub id, .gguf file or py:PACKAGE) or a preset naming model.source")
     return plan
+
+
+def _drop_inapplicable(i: int, kind: str, stage_raw: dict, *, own: dict, targeted: list[str]) -> tuple[dict, list[str]]:
+    """Settings stage ``i`` of ``kind`` cannot take (``inapplicable_settings``): reset to their defaults when they
+    came from the preset or a --set for every stage (returned, to be reported); refused when set for this stage."""
+    defaults, dropped = RunConfig(), []
+    for name, why in inapplicable_settings(kind).items():
+        section, key = name.split(".")
+        default = getattr(getattr(defaults, section), key)
+        value = (stage_raw.get(section) or {}).get(key, default)
+        if value == default:
+            continue
+        if key in (own.get(section) or {}) or any(item.partition("=")[0] == name for item in targeted):
+            raise ConfigError(f"stage {i} ({kind}): {name} does not apply to this kind: {why}. "
+                              f"Remove it from the stage's settings (its default is {default!r})")
+        stage_raw = _merge(stage_raw, {section: {key: default}})
+        dropped.append(name)
+    return stage_raw, dropped
 
 
 def chain_preset(plan: list[Stage]) -> dict:
@@ -205,6 +226,8 @@ def _validate_data(plan: list[Stage]) -> None:
     for stage in plan:
         if stage.config.contrastive.pairs:
             build_objective(stage.config).read_data()
+        elif stage.config.data.sources:  # every stage's files exist (hub datasets are read when their stage runs)
+            resolve_sources(resolve_data_sources(stage.config.data.sources))
     sized = [stage for stage in plan if stage.config.contrastive.matryoshka_dims]
     if sized:
         config = load_config(plan[0].config.model)
@@ -241,6 +264,7 @@ def run_stages(source, out, *, stages=None, pairs=None, preset=None, overrides=(
     out = Path(out).expanduser().resolve()
     plan = plan_stages(source, out, stages=stages, pairs=pairs, preset=preset, overrides=overrides, data=data,
                        objective=objective, tuning=tuning, max_steps=max_steps)
+    resolve_source(plan[0].config.model.source, plan[0].config.model.gguf_file)  # a missing model: said first
     _validate_data(plan)
     if hide_bnb and not any(quantizes(stage.config.tuning) for stage in plan):
         hide_bitsandbytes()
@@ -260,6 +284,9 @@ def run_stages(source, out, *, stages=None, pairs=None, preset=None, overrides=(
         state.wait_for_everyone()
         if show_progress and state.is_main_process:
             print(f"stage {stage.index}/{len(plan)}: {stage.kind} -> {stage.dir}", flush=True)
+            if stage.dropped:
+                print(f"  {', '.join(stage.dropped)} left at their defaults: they do not apply to a "
+                      f"{stage.kind} stage", flush=True)
         _reset_accelerate()
         summaries[stage.name] = run_stage(stage.config, stage.dir, resume=started, show_progress=show_progress).summary
     summary = {}

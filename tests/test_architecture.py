@@ -41,12 +41,51 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
-def _layer(module: str) -> int:
-    top = module.split(".")[1] if "." in module else ""
+# Inside a subpackage its modules have layers of their own, bottom to top ("" is the package's __init__).
+SUBLAYERS = {
+    "bench": [
+        ("numbers, sources and files", {"metrics", "stats", "sources", "cache", "report"}),
+        ("tasks", {"tasks"}),
+        ("task sets and baselines", {"folders", "quick", "std_text", "std_wordnet", "std_reference", "standard",
+                                     "mteb_tasks", "bm25", "sparse"}),
+        ("models, sizes and verdicts", {"models", "dims", "verdict"}),
+        ("the runner", {"runner"}),
+        ("the package", {""}),
+    ],
+}
+
+
+def _layer(module: str) -> tuple[int, int]:
+    """(layer of the package, layer inside it): ``adapt.bench.stats`` is (commands, numbers...); a module of a
+    package without SUBLAYERS is (its layer, 0)."""
+    parts = module.split(".")
+    top = parts[1] if len(parts) > 1 else ""
     for i, (_, names) in enumerate(LAYERS):
         if top in names:
-            return i
-    raise AssertionError(f"{module} is in no layer of tests/test_architecture.py: add it to LAYERS")
+            break
+    else:
+        raise AssertionError(f"{module} is in no layer of tests/test_architecture.py: add it to LAYERS")
+    if top not in SUBLAYERS:
+        return i, 0
+    inner = parts[2] if len(parts) > 2 else ""
+    for j, (_, names) in enumerate(SUBLAYERS[top]):
+        if inner in names:
+            return i, j
+    raise AssertionError(f"{module} is in no layer of adapt.{top}: add it to SUBLAYERS in tests/test_architecture.py")
+
+
+def _layer_name(module: str) -> str:
+    i, j = _layer(module)
+    top = module.split(".")[1] if "." in module else ""
+    return LAYERS[i][0] + (f" / {SUBLAYERS[top][j][0]}" if top in SUBLAYERS else "")
+
+
+def _points_up(module: str, target: str) -> bool:
+    """Whether ``module`` importing ``target`` points up: across packages by the packages' layers, inside one
+    package by its SUBLAYERS."""
+    (i, j), (ti, tj) = _layer(module), _layer(target)
+    same_package = module.split(".")[:2] == target.split(".")[:2]
+    return tj > j if same_package else ti > i
 
 
 def _imports(module: str) -> list[tuple[str, str | None, int]]:
@@ -80,10 +119,18 @@ def test_imports_point_down_the_layers():
         if module == "adapt":
             continue
         for target, _, line in _imports(module):
-            if target in MODULES and target != "adapt" and _layer(target) > _layer(module):
-                bad.append(f"{module}:{line} ({LAYERS[_layer(module)][0]}) imports {target} "
-                           f"({LAYERS[_layer(target)][0]})")
+            if target in MODULES and target != "adapt" and _points_up(module, target):
+                bad.append(f"{module}:{line} ({_layer_name(module)}) imports {target} ({_layer_name(target)})")
     assert not bad, "imports that point up the layers:\n" + "\n".join(bad)
+
+
+def test_the_layer_check_sees_inside_packages():
+    """adapt.bench's modules are checked against each other, not only as one 'commands' layer."""
+    assert _points_up("adapt.bench.tasks", "adapt.bench.runner")
+    assert _points_up("adapt.bench.stats", "adapt.bench.tasks")
+    assert not _points_up("adapt.bench.runner", "adapt.bench.tasks")
+    assert _points_up("adapt.loading", "adapt.bench.stats") and not _points_up("adapt.bench.stats", "adapt.loading")
+    assert not _points_up("adapt.objectives.masked", "adapt.objectives")
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -132,7 +179,7 @@ def test_no_module_imports_another_modules_private_names():
     bad = []
     for module in MODULES:
         for target, name, line in _imports(module):
-            if name is not None and name.startswith("_") and target != module:
+            if name is not None and name.startswith("_") and not name.startswith("__") and target != module:
                 bad.append(f"{module}:{line} imports {target}.{name}")
         source = MODULES[module].read_text(encoding="utf-8")
         for node in ast.walk(ast.parse(source)):  # adapt.x._private through a module object

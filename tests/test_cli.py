@@ -141,16 +141,59 @@ def test_embed_cli_refuses_a_causal_decoder_and_says_how(tiny_model_dir):
     assert allowed.exit_code == 0 and '"embedding"' in allowed.output
 
 
-@pytest.mark.parametrize("command", [["probe"], ["embed", "--quiet", "a text"], ["finetune", "--data", "LABELED", "-o", "OUT"],
-                                     ["bench", "--suite", "quick", "--quiet", "-o", "OUT"],
-                                     ["convert", "-o", "OUT", "--data", "LABELED", "--preset", "tiny"]])
+@pytest.mark.parametrize("command", [["probe"], ["embed", "a text"], ["finetune", "--data", "LABELED", "-o", "OUT"],
+                                     ["bench", "--suite", "quick", "-o", "OUT"], ["bench", "--suite", "quick", "--baselines"],
+                                     ["convert", "-o", "OUT", "--data", "LABELED", "--preset", "tiny"],
+                                     ["convert", "-o", "OUT", "--data", "LABELED"],  # the default: 4 texts < a batch
+                                     ["convert", "-o", "OUT", "--data", "LABELED", "--stages", "mlm,crops"]])
 def test_every_command_says_when_the_model_path_does_not_exist(command, tmp_path):
+    """The first thing a command says about a missing model is the error: no progress bar, nothing written,
+    and no complaint about other inputs (here: too little data for the default's batch) before it."""
     labeled = tmp_path / "labeled.jsonl"
     labeled.write_text("".join(json.dumps({"text": f"text {i}", "label": "ab"[i % 2]}) + "\n" for i in range(4)))
     args = [str(labeled) if a == "LABELED" else str(tmp_path / "out") if a == "OUT" else a for a in command]
     result = CliRunner().invoke(main, args[:1] + ["runs/no-such/model"] + args[1:])
     assert result.exit_code == 2, result.output
-    assert "runs/no-such/model: no such file or folder" in result.output and "Repo id" not in result.output
+    assert result.output.startswith("error: runs/no-such/model: no such file or folder"), result.output
+    assert "Repo id" not in result.output and "%|" not in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["labeled.jsonl"]
+
+
+@pytest.mark.parametrize("command, missing", [
+    (["embed", "MODEL", "-i", "MISSING", "-o", "OUT.npy"], "no such file"),
+    (["convert", "MODEL", "-o", "OUT", "--preset", "tiny", "--data", "MISSING"], "data source not found"),
+    (["convert", "MODEL", "-o", "OUT", "--preset", "tiny", "--data", "MISSING", "--stages", "mlm,crops"],
+     "data source not found"),
+    (["convert", "MODEL", "-o", "OUT", "--preset", "tiny", "--stages", "contrastive", "--pairs", "MISSING"],
+     "does not exist"),
+    (["finetune", "MODEL", "--data", "MISSING", "-o", "OUT"], "does not exist"),
+    (["classify", "MODEL", "--input", "MISSING"], "is an embedding encoder"),  # the folder is refused first
+    (["export", "MODEL", "-o", "OUT", "--order-dims", "pca", "--data", "MISSING"], "data source not found"),
+])
+def test_a_missing_input_file_is_the_first_thing_said(command, missing, tiny_model_dir, tmp_path):
+    """Errors about inputs come before any work: no progress bar, no output folder."""
+    from adapt.export import export_encoder
+    from transformers import AutoModel, AutoTokenizer
+
+    from adapt.bidirectional import make_bidirectional
+
+    model = tiny_model_dir
+    if command[0] in ("classify", "export"):
+        model = export_encoder(make_bidirectional(AutoModel.from_pretrained(tiny_model_dir)),
+                               AutoTokenizer.from_pretrained(tiny_model_dir), tmp_path / "enc")
+    names = {"MODEL": str(model), "MISSING": str(tmp_path / "missing.jsonl"), "OUT": str(tmp_path / "out"),
+             "OUT.npy": str(tmp_path / "out.npy")}
+    result = CliRunner().invoke(main, [names.get(a, a) for a in command])
+    assert result.exit_code == 2, result.output
+    assert missing in result.output and "%|" not in result.output and "Traceback" not in result.output, result.output
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.npy").exists()
+
+
+def test_version():
+    from importlib.metadata import version
+
+    result = CliRunner().invoke(main, ["--version"])
+    assert result.exit_code == 0 and result.output == f"adapt {version('adapt')}\n"
 
 
 def test_a_full_disk_during_export_says_so_leaves_nothing_half_written_and_resume_finishes(tiny_model_dir, tmp_path,

@@ -8,10 +8,10 @@ import random
 
 import pytest
 import torch
-from transformers import AutoModelForSequenceClassification, pipeline
+from transformers import AutoModel, AutoModelForSequenceClassification, pipeline
 
 from adapt.bidirectional import make_bidirectional, probe
-from adapt.errors import DataError, OutputExistsError
+from adapt.errors import ConfigError, DataError, ModelLoadError, OutputExistsError
 from adapt.export import export_encoder
 from adapt.finetune import MARKER, classify, finetune, read_labeled
 from tests.tiny import tiny_decoder
@@ -87,10 +87,57 @@ def test_classify_matches_pipeline_and_writes(trained, tmp_path):
 
 
 def test_untrained_head_is_not_already_good(encoder_dir, data, tmp_path):
-    """The metric can fail: without training steps (lr 0) the same model stays near chance."""
+    """The metric can fail: steps too small to move any weight (lr 1e-12; lr 0 is refused) leave the model as it
+    started, and it stays near chance."""
     metrics = finetune(encoder_dir, data / "train.jsonl", tmp_path / "clf", eval_path=data / "dev.jsonl",
                        epochs=1, lr=1e-12, show_progress=False)
+    before = AutoModel.from_pretrained(encoder_dir).state_dict()
+    after = AutoModelForSequenceClassification.from_pretrained(tmp_path / "clf").base_model.state_dict()
+    assert before.keys() == after.keys()
+    assert max((before[k].float() - after[k].float()).abs().max().item() for k in before) < 1e-6  # did not train
     assert metrics["accuracy"] <= 0.75
+    with pytest.raises(ConfigError, match="lr must be positive, not 0"):  # not silently the default rate
+        finetune(encoder_dir, data / "train.jsonl", tmp_path / "clf0", lr=0, show_progress=False)
+
+
+@pytest.mark.parametrize("what", ["embedding encoder", "decoder", "sparse encoder", "no model", "untrained head"])
+def test_classify_refuses_a_folder_without_a_trained_head(encoder_dir, tmp_path, what):
+    """An embedding encoder, a decoder or a sparse encoder given to `adapt classify` would be labelled by a
+    random head: refused before anything loads, saying what the folder is and to run adapt finetune."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification as Cls
+
+    folder, expected = tmp_path / "m", what
+    if what == "embedding encoder":
+        folder = encoder_dir
+    elif what == "decoder":
+        tiny_decoder("llama").save_pretrained(folder)
+    elif what == "sparse encoder":
+        folder.mkdir()
+        (folder / "modules.json").write_text(json.dumps([{"idx": 0, "name": "0", "path": "",
+                                                          "type": "sentence_transformers.sparse_encoder.models.SpladePooling"}]))
+    elif what == "no model":
+        folder.mkdir()
+        expected = "holds no model"
+    else:  # config says classifier, weights are a decoder's: the head would be newly initialized
+        tiny_decoder("llama").save_pretrained(folder)
+        config = AutoConfig.from_pretrained(folder)
+        config.architectures = [Cls.from_config(config).__class__.__name__]
+        config.save_pretrained(folder)
+        from tests.tiny import tiny_tokenizer
+        tiny_tokenizer().save_pretrained(folder)
+        expected = "classification head was never trained"
+    with pytest.raises(ModelLoadError, match=f"{expected}.*adapt finetune"):
+        classify(folder, texts=["hello"])
+
+
+def test_finetune_refuses_what_is_neither_an_encoder_nor_a_decoder(data, tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "vectors.npy").write_bytes(b"not a model")
+    for source, match in ((tmp_path / "empty", "holds no model"), (tmp_path / "vectors.npy", "is a file"),
+                          (tmp_path / "nowhere", "no such file or folder")):
+        with pytest.raises(ModelLoadError, match=match):  # before anything else: the data is not read yet
+            finetune(source, tmp_path / "not-read-yet.jsonl", tmp_path / "o", show_progress=False)
+        assert not list(tmp_path.glob("*o*run*")) and not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("tuning,pooling", [("lora", "last"), ("full", "mean")])

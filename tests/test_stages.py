@@ -9,6 +9,9 @@ from safetensors.torch import load_file
 from adapt.bidirectional import probe
 from adapt.train import Trainer
 from adapt.errors import ConfigError, DataError, OutputExistsError
+from adapt.config import load_preset
+from adapt.objectives import build_objective, kinds
+from adapt.preset_files import list_presets
 from adapt.stages import plan_stages, run_stages
 from tests.test_contrastive import toy_sentences
 from tests.tiny import CORPUS
@@ -110,6 +113,45 @@ def test_plan_applies_preset_stages_and_per_stage_overrides(tmp_path):
                       max_steps=9, tuning="lora")
     assert sup[1].config.contrastive.loss == "pairs" and sup[1].config.contrastive.pairs == "p.jsonl"
     assert all(s.config.train.max_steps == 9 and s.config.tuning.method == "lora" for s in sup)
+
+
+def _chains(preset: str) -> list[str]:
+    """Each kind alone, after a masked stage, and after the preset's own kind or stages (the README's
+    `--stages mlm,splade` on the default preset is one of these)."""
+    own = load_preset(preset).get("kind") or "mlm"
+    return sorted({c for kind in kinds() for c in (kind, f"mlm,{kind}", f"{own},{kind}")})
+
+
+@pytest.mark.parametrize("preset", sorted(list_presets()))
+def test_every_kind_takes_every_preset(preset, tmp_path):
+    """A stage takes only the settings that apply to its kind: a preset's dense-only settings (the sink
+    prompt, keep_source) reach no SPLADE stage, and every planned stage's objective accepts its config."""
+    for chain in _chains(preset):
+        pairs = "p.jsonl" if "contrastive" in chain else None
+        plan = plan_stages("m", tmp_path / "o", preset=preset, stages=chain, data=["c.txt"], pairs=pairs)
+        for stage in plan:
+            try:
+                objective = build_objective(stage.config)
+            except ConfigError as e:
+                raise AssertionError(f"preset {preset}, --stages {chain}: {e}") from None
+            for name in stage.dropped:
+                assert name in objective.inapplicable
+
+
+def test_settings_a_kind_cannot_take_are_dropped_and_said_or_refused_when_meant_for_it(tmp_path):
+    plan = plan_stages("m", tmp_path / "o", preset="default", stages="mlm,splade", data=["c.txt"])
+    mlm, splade = plan
+    assert mlm.config.export.sink_prompt == "\n" and mlm.config.contrastive.keep_source == 4.0 and not mlm.dropped
+    assert splade.config.export.sink_prompt == "" and splade.config.contrastive.keep_source == 0.0
+    assert splade.dropped == ["export.sink_prompt", "contrastive.keep_source"]
+    # a --set for every stage is dropped where it does not apply, kept where it does
+    plan = plan_stages("m", tmp_path / "o", preset="tiny", stages="crops,splade", data=["c.txt"],
+                       overrides=["contrastive.keep_source=2"])
+    assert plan[0].config.contrastive.keep_source == 2 and plan[1].dropped == ["contrastive.keep_source"]
+    # set for the SPLADE stage itself: refused before anything runs, saying what to do
+    for overrides in (["splade.export.sink_prompt=x"], ["2.contrastive.keep_source=1"]):
+        with pytest.raises(ConfigError, match=r"stage 2 \(splade\): .* does not apply to this kind.*Remove it"):
+            plan_stages("m", tmp_path / "o", preset="tiny", stages="mlm,splade", data=["c.txt"], overrides=overrides)
 
 
 @pytest.mark.parametrize("kwargs, match", [

@@ -33,6 +33,7 @@ from adapt.bench.sparse import SparseRetriever
 from adapt.bench.tasks import Task
 from adapt.embed_shards import Processes, barrier, end_group, processes, start_group
 from adapt.io_utils import atomic_write_text
+from adapt.loading import resolve_source
 from adapt.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -174,6 +175,10 @@ def run_bench(models: list, *, suite: str | None = "quick", tasks: list | None =
     given = {as_spec(m).canonical() for m in models if isinstance(m, (str, ModelSpec))}
     cache = EmbeddingCache(out_dir / "cache" if use_cache else None)
     procs = processes()
+    if loader is None:  # a missing model is an error now, not after a progress bar and other models' scores
+        for spec, encoder in entries:
+            if encoder is None and spec is not None:
+                resolve_source(spec.source)
     loader = loader or SharedLoads(functools.partial(default_loader, device=_device(procs)))
     env = versions()
     rows: list[dict] = []

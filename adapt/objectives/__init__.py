@@ -92,6 +92,9 @@ class ObjectiveBase:
 
     uses_lm_head = False
     export_kind = "dense"
+    # "section.key" -> why that setting does not apply to this kind: a stage planned from a preset or a
+    # --set meant for every stage drops it (and says so); one set for this very stage is refused
+    inapplicable: dict[str, str] = {}
 
     def read_data(self) -> dict | None:
         return None
@@ -133,6 +136,11 @@ def check_kind(kind: str, where: str = "") -> str:
     if kind not in registry():
         raise ConfigError(f"{where}unknown kind {kind!r}: kinds are {', '.join(kinds())}")
     return kind
+
+
+def inapplicable_settings(kind: str) -> dict[str, str]:
+    """``"section.key" -> why`` for the settings a stage of ``kind`` cannot take (see ``ObjectiveBase``)."""
+    return dict(getattr(registry()[check_kind(kind)][0], "inapplicable", {}))
 
 
 def forced_settings(kind: str) -> dict:

@@ -12,7 +12,7 @@ import torch
 
 from adapt.config import RunConfig
 from adapt.batches import batch_iterator
-from adapt.data import build_token_store, resolve_data_sources
+from adapt.data import build_token_store, resolve_data_sources, resolve_sources
 from adapt.errors import ConfigError
 from adapt.layout import TOKEN_STORE
 from adapt.loading import setup_mask_token
@@ -46,6 +46,7 @@ class MaskedLM(ObjectiveBase):
         if not self.cfg.data.sources:
             raise ConfigError("no training text: pass --data PATH (text, jsonl, parquet, folder) or a preset that "
                               "names it")
+        resolve_sources(resolve_data_sources(self.cfg.data.sources))  # a missing file: said before the model loads
         return None
 
     def configure_model(self, model, tokenizer) -> list[int]:

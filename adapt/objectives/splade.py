@@ -68,13 +68,19 @@ class Splade(Crops):
     uses_lm_head = True  # the head is the encoder's output layer: it trains, and it is exported
     export_kind = "sparse"
 
+    inapplicable = {
+        "export.sink_prompt": "it keeps a token out of a pooled vector, and a SPLADE stage's weights are a max "
+                              "over every token",
+        "contrastive.keep_source": "it compares pooled dense vectors with the source's, and a SPLADE stage's are "
+                                   "vocabulary weights",
+    }
+
     def __init__(self, cfg: RunConfig):
-        if cfg.export.sink_prompt:
-            raise ConfigError("export.sink_prompt applies to dense encoders (a pooled vector); a SPLADE stage's "
-                              "weights are a max over tokens: set export.sink_prompt to '' for this stage")
-        if cfg.contrastive.keep_source:
-            raise ConfigError("contrastive.keep_source compares pooled dense vectors with the source's; a SPLADE "
-                              "stage's are vocabulary weights: set contrastive.keep_source to 0 for this stage")
+        for name, why in self.inapplicable.items():
+            section, key = name.split(".")
+            if getattr(getattr(cfg, section), key):
+                raise ConfigError(f"{name} does not apply to a SPLADE stage: {why}; set {name} to "
+                                  f"{getattr(getattr(RunConfig(), section), key)!r} for this stage")
         super().__init__(cfg)
         self.s = cfg.splade
         # the data settings are the contrastive section's; where the pairs come from decides the loss name, and
