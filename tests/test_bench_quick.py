@@ -4,6 +4,7 @@ from __future__ import annotations
 import io
 import json
 import pickle
+import re
 
 import pytest
 
@@ -54,11 +55,29 @@ def test_wiki_retrieval(built):
     assert 80 <= len(task.queries) <= 106 and len(task.corpus) >= 2 * len(task.queries)
     assert len(set(task.corpus_ids)) == len(task.corpus_ids)
     assert task.queries[0].startswith("Anarchism is")
+    passages = [_runs(p) for p in task.corpus]
     for qid, query in zip(task.query_ids, task.queries):
         relevant = [task.corpus[task.corpus_ids.index(d)] for d in task.qrels[qid]]
         assert 2 <= len(relevant) <= quick.PASSAGES_PER_ARTICLE
-        assert all(query not in passage for passage in relevant)  # the lead sentence is not in the corpus
+        # the query's words are not found verbatim anywhere in the corpus (its own article's passages or any
+        # other's): no run of RUN words in common, punctuation and case aside
+        runs = _runs(query)
+        assert not any(runs & p for p in passages), query
     assert not any("'''" in p or p.startswith("=") for p in task.corpus)
+
+
+RUN = 8  # words: the shortest verbatim run the leak check looks for
+
+
+def _runs(text: str) -> set[tuple[str, ...]]:
+    words = re.findall(r"\w+", text.lower())
+    return {tuple(words[i:i + RUN]) for i in range(len(words) - RUN + 1)}
+
+
+def test_the_leak_check_finds_a_query_copied_into_a_passage():
+    query = "Anarchism is a political philosophy that advocates self-governed societies."
+    assert _runs(query) & _runs("Some say that anarchism is a political philosophy, that advocates self governed ones.")
+    assert not _runs(query) & _runs("Anarchism is a political philosophy of some kind, and others disagree.")
 
 
 def test_builders_are_deterministic_and_the_cache_round_trips(built, tmp_path, monkeypatch):

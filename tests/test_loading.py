@@ -158,8 +158,10 @@ def test_lean_cpu_malloc_makes_freed_blocks_leave_rss(tmp_path):
         assert out.returncode == 0, out.stderr[-2000:]
         applied, kib = out.stdout.split()
         freed[mode] = (applied == "True", int(kib))
-    assert freed["auto"][0] and freed["auto"][1] >= 7 * 1024, freed    # set, and the 8 MiB block left RSS
-    assert freed["glibc"] == (False, freed["glibc"][1]) and freed["glibc"][1] < 1024, freed  # it stayed
+    applied, kib = freed["auto"]
+    assert applied and kib >= 7 * 1024, freed  # set, and the freed 8 MiB block left RSS
+    applied, kib = freed["glibc"]
+    assert not applied and kib < 1024, freed  # not set, and the freed block stayed in RSS (glibc's own threshold)
 
 
 def test_no_bitsandbytes_kernel_notice_on_a_plain_import():
