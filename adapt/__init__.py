@@ -1,4 +1,11 @@
-"""adapt: turn a causal decoder LLM into a bidirectional encoder (see README.md and DEVELOPERS.md)."""
+"""adapt: turn a causal decoder LLM into a bidirectional encoder (see README.md and DEVELOPERS.md).
+
+The few names a user needs, imported on first use (``import adapt`` stays light)::
+
+    from adapt import convert, load_encoder, embed, merge_shards, export_from_path, run_bench, finetune, classify
+    from adapt import make_bidirectional, probe
+"""
+import importlib
 import logging
 
 __version__ = "0.1.0"
@@ -16,3 +23,28 @@ class _BitsandbytesCpuKernelNotice(logging.Filter):
 
 
 logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_BitsandbytesCpuKernelNotice())
+
+
+# public name -> (module, name there): the Python API the README documents
+API = {
+    "convert": ("adapt.convert", "convert"),
+    "load_encoder": ("adapt.encoder", "load_encoder"),
+    "embed": ("adapt.embed_io", "embed"),
+    "merge_shards": ("adapt.embed_io", "merge_shards"),
+    "export_from_path": ("adapt.rebuild", "export_from_path"),
+    "run_bench": ("adapt.bench.runner", "run_bench"),
+    "finetune": ("adapt.finetune", "finetune"),
+    "classify": ("adapt.finetune", "classify"),
+    "make_bidirectional": ("adapt.bidirectional", "make_bidirectional"),
+    "probe": ("adapt.bidirectional", "probe"),
+}
+__all__ = ["__version__", *API]
+
+
+def __getattr__(name: str):
+    if name not in API:
+        raise AttributeError(f"module 'adapt' has no attribute {name!r}")
+    module, attr = API[name]
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value  # resolved once
+    return value
