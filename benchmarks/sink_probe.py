@@ -47,7 +47,7 @@ def main() -> None:
     import torch
 
     from adapt.bench import metrics
-    from adapt.bench.standard import load_standard_task
+    from adapt.bench.suites.standard import load_standard_task
     from adapt.config import ModelConfig
     from adapt.loading import load_decoder
 

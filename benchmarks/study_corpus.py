@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from adapt.bench.sources import npm_dir
+from adapt.bench.suites.package_data import npm_dir
 from adapt.errors import DataError
 from adapt.io_utils import atomic_write_text
 

@@ -46,8 +46,7 @@ SUBLAYERS = {
     "bench": [
         ("numbers, sources and files", {"metrics", "stats", "sources", "cache", "report"}),
         ("tasks", {"tasks"}),
-        ("task sets and baselines", {"folders", "quick", "std_text", "std_wordnet", "std_reference", "standard",
-                                     "mteb_tasks", "bm25", "sparse"}),
+        ("task families and baselines", {"suites", "bm25", "sparse"}),
         ("models, sizes and verdicts", {"models", "dims", "verdict"}),
         ("the runner", {"runner"}),
         ("the package", {""}),

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from adapt.bench.folders import load_task_folder
+from adapt.bench.suites.folders import load_task_folder
 from adapt.bench.tasks import ClassificationTask, ClusteringTask, RetrievalTask, SimilarityTask
 from adapt.errors import DataError
 

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("mteb")
 
 from adapt.bench import run_bench  # noqa: E402
-from adapt.bench import mteb_tasks  # noqa: E402
+from adapt.bench.suites import mteb as mteb_tasks  # noqa: E402
 from adapt.errors import DataError  # noqa: E402
 from tests.test_bench_fakes import HashEncoder, PromptedHashEncoder  # noqa: E402
 
@@ -99,7 +99,7 @@ def test_other_errors_are_not_disguised():
 
 
 def test_unknown_task_name(tmp_path):
-    with pytest.raises(DataError, match="unknown task 'NoSuchTask'.*Quick-suite tasks"):
+    with pytest.raises(DataError, match="unknown task .NoSuchTask.*Tasks of the offline suites: quick: lee-similarity"):
         run_bench([HashEncoder()], tasks=["NoSuchTask"], out_dir=tmp_path)
     with pytest.raises(DataError, match="no mock task"):
         mteb_tasks.get_task("MockNothing")

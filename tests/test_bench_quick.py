@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("gensim")  # the quick suite's text ships with gensim (the "offline" extra)
 
-from adapt.bench import quick  # noqa: E402
+from adapt.bench.suites import quick  # noqa: E402
 from adapt.bench.tasks import ClassificationTask, ClusteringTask, RetrievalTask, SimilarityTask, Task  # noqa: E402
 from adapt.errors import DataError  # noqa: E402
 
@@ -128,3 +128,16 @@ def test_stratified_split_is_deterministic():
     train, test = first
     assert sorted(train + test) == list(range(10))
     assert [labels[i] for i in test].count("b") in (1, 2)
+
+
+def test_the_suites_registry_finds_every_family_and_its_tasks():
+    """adapt.bench.suites: a module declaring SUITES is a task family; its tasks resolve by name."""
+    from adapt.bench import suites
+    from adapt.bench.runner import SUITE_HELP, SUITES, resolve_task
+
+    assert list(SUITES)[:3] == ["quick", "standard", "standard-dev"] and {"mteb-lite", "mteb-mock"} <= set(SUITES)
+    assert set(SUITE_HELP) == set(SUITES)
+    assert suites.task_loader("lee-similarity") is quick.load_task
+    assert suites.task_loader("simlex-similarity-dev").__module__ == "adapt.bench.suites.standard"
+    assert suites.task_loader("MockSTSTask") is None  # mteb's: resolved by mteb
+    assert resolve_task("lee-similarity").name == "lee-similarity"

@@ -7,7 +7,9 @@ import re
 
 import pytest
 
-from adapt.bench import sources, standard, std_reference
+from adapt.bench.suites import package_data as sources
+from adapt.bench.suites import standard
+from adapt.bench.suites import standard_reference as std_reference
 from adapt.bench.runner import SUITES, resolve_task
 from adapt.bench.tasks import ClassificationTask, ClusteringTask, RetrievalTask, SimilarityTask, Task
 from adapt.errors import DataError

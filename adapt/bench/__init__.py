@@ -2,9 +2,10 @@
 
 Entry points: :func:`run_bench` (score models, write results.json/.md/.png) and
 :func:`list_suites`. Modules: ``metrics`` (pure numpy scores), ``tasks`` (in-memory tasks),
-``quick`` (the small offline suite), ``standard`` (the offline suite with dev/test splits: tasks in
-``std_wordnet``, ``std_reference``, ``std_text``, packaged data located by ``sources``),
-``folders`` (user task folders), ``mteb_tasks`` (MTEB by name), ``models`` (model specs,
+``suites/`` (one module per task family behind a registry: ``quick``, the small offline suite;
+``standard``, the offline suite with dev/test splits, built by ``standard_wordnet``, ``standard_reference``,
+``standard_text`` from packaged data that ``package_data`` locates; ``mteb``, MTEB by name; ``folders``,
+user task folders), ``models`` (model specs,
 baselines, references), ``bm25`` (the BM25 baseline), ``sparse`` (SPLADE encoders on retrieval), ``stats``
 (bootstrap intervals, paired tests), ``cache`` (embeddings), ``dims`` (each model at several embedding sizes),
 ``report``, ``runner``. How to use them: ``adapt/bench/README.md``.

@@ -21,11 +21,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from adapt.bench import quick, standard, stats, verdict
+from adapt.bench import stats, suites, verdict
 from adapt.bench.bm25 import BM25Baseline
 from adapt.bench.cache import EmbeddingCache
 from adapt.bench.dims import TaskVectors, TooLarge, label, pairs_at, parse_dims, sizes_of, too_large
-from adapt.bench.folders import is_task_folder, load_task_folder
+from adapt.bench.suites.folders import is_task_folder, load_task_folder
 from adapt.bench.models import (REFERENCE_LABEL, Loader, ModelSpec, SharedLoads, as_spec, baseline_specs,
                                 default_loader, default_reference, encoder_key, expand_models)
 from adapt.bench.report import BenchReport, versions, write_reports
@@ -38,26 +38,8 @@ from adapt.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
-SUITES: dict[str, list[str]] = {
-    "quick": quick.QUICK_TASKS,
-    "standard": standard.STANDARD_TASKS,
-    "standard-dev": standard.STANDARD_DEV_TASKS,
-    "mteb-lite": ["SciFact", "NFCorpus", "ArguAna", "Banking77Classification", "EmotionClassification",
-                  "STSBenchmark"],
-    "mteb-mock": ["MockRetrievalTask", "MockClassificationTask", "MockSTSTask", "MockClusteringTask"],
-}
-SUITE_HELP = {
-    "quick": "offline: real English text from gensim's test data (similarity, 2x classification, clustering, "
-             "Wikipedia retrieval); a smoke test, too small to separate encoders (about 53k tokens)",
-    "standard": "offline, the test split: 8 tasks from packaged text (3x retrieval: WordNet, man pages, FOLDOC; "
-                "3x classification: spam mail, WordNet supersenses, fortunes; FOLDOC clustering; SimLex-999), "
-                "bootstrap intervals; about 520k tokens, ~16 min for a 135M decoder at 1M tokens per 30 min. "
-                "Data: make install (adapt/bench/sources.py)",
-    "standard-dev": "the standard suite's dev split (same tasks as NAME-dev, disjoint items): choose recipes here, "
-                    "report --suite standard",
-    "mteb-lite": "6 MTEB tasks scored by mteb (needs a network to download them)",
-    "mteb-mock": "mteb's tiny offline mock tasks: checks the MTEB path, scores mean nothing",
-}
+SUITES: dict[str, list[str]] = suites.suites()  # adapt.bench.suites: one module per task family
+SUITE_HELP: dict[str, str] = suites.suite_help()
 
 
 def list_suites() -> dict[str, list[str]]:
@@ -74,7 +56,7 @@ class MtebTaskRef:
 
     @property
     def kind(self) -> str:
-        from adapt.bench.mteb_tasks import task_kind
+        from adapt.bench.suites.mteb import task_kind
 
         return task_kind(self.task)
 
@@ -86,14 +68,13 @@ def resolve_task(ref: str | Path | Task) -> Task | MtebTaskRef:
     text = str(ref)
     if text.startswith("mteb:"):
         return _mteb_ref(text[5:])
-    if text in quick.BUILDERS:
-        return quick.load_quick_task(text)
-    if text in standard.TASK_NAMES:
-        return standard.load_standard_task(text)
+    load = suites.task_loader(text)
+    if load is not None:
+        return load(text)
     path = Path(text).expanduser()
     if path.exists():
         if not is_task_folder(path):
-            raise DataError(f"{path} is not a task folder (see adapt/bench/folders.py for the layouts)")
+            raise DataError(f"{path} is not a task folder (see adapt/bench/suites/folders.py for the layouts)")
         return load_task_folder(path)
     if "/" in text or "\\" in text or text.startswith("."):
         raise DataError(f"task folder {text} does not exist")
@@ -101,13 +82,13 @@ def resolve_task(ref: str | Path | Task) -> Task | MtebTaskRef:
 
 
 def _mteb_ref(name: str) -> MtebTaskRef:
-    from adapt.bench import mteb_tasks
+    from adapt.bench.suites import mteb
 
     try:
-        return MtebTaskRef(name, mteb_tasks.get_task(name))
+        return MtebTaskRef(name, mteb.get_task(name))
     except DataError as e:
-        raise DataError(f"{e}. Quick-suite tasks: {', '.join(quick.BUILDERS)}; standard tasks: "
-                        f"{', '.join(standard.STANDARD_TASKS)} (and NAME-dev); suites: {', '.join(SUITES)}") from None
+        known = "; ".join(f"{suite}: {', '.join(tasks)}" for suite, tasks in suites.named_tasks().items())
+        raise DataError(f"{e}. Tasks of the offline suites: {known}; suites: {', '.join(SUITES)}") from None
 
 
 def task_refs(suite: str | None, tasks: list | None) -> list:
@@ -330,9 +311,9 @@ def _score(task, encoder, vectors, name: str, batch_size: int, procs: Processes)
         result = encoder.evaluate(task) if isinstance(task, Task) and procs.main else None
         return None if result is None else (*result[:1], task.main_metric, task.n, task.kind, result[1])
     if isinstance(task, MtebTaskRef):
-        from adapt.bench import mteb_tasks
+        from adapt.bench.suites import mteb
 
-        scores, main, n = mteb_tasks.evaluate(task.task, vectors, model_name=name, batch_size=batch_size,
+        scores, main, n = mteb.evaluate(task.task, vectors, model_name=name, batch_size=batch_size,
                                               prompts=getattr(encoder, "prompts", None))
         return (scores, main, n, task.kind, None) if procs.main else None
     embeddings = {group: vectors(g.texts, g.prompt) for group, g in task.groups().items()}

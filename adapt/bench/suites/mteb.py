@@ -27,6 +27,9 @@ except ImportError as e:  # pragma: no cover - mteb is a dependency, but say wha
 
 MTEB_LITE = ["SciFact", "NFCorpus", "ArguAna", "Banking77Classification", "EmotionClassification", "STSBenchmark"]
 MTEB_MOCK = ["MockRetrievalTask", "MockClassificationTask", "MockSTSTask", "MockClusteringTask"]
+RANK = 9  # last in `adapt bench --help`; its tasks are resolved by name through mteb (adapt.bench.runner)
+SUITES = {"mteb-lite": ("6 MTEB tasks scored by mteb (needs a network to download them)", MTEB_LITE),
+          "mteb-mock": ("mteb's tiny offline mock tasks: checks the MTEB path, scores mean nothing", MTEB_MOCK)}
 
 KINDS = {"Retrieval": "retrieval", "Classification": "classification", "STS": "similarity",
          "Clustering": "clustering", "Reranking": "retrieval"}

@@ -20,7 +20,7 @@ import shlex
 
 import numpy as np
 
-from adapt.bench.sources import MAN_DIR, debian_path, debian_version, read_dictd
+from adapt.bench.suites.package_data import MAN_DIR, debian_path, debian_version, read_dictd
 from adapt.bench.tasks import ClusteringTask, RetrievalTask
 
 SEED = 0

@@ -20,7 +20,7 @@ import re
 
 import numpy as np
 
-from adapt.bench.sources import FORTUNE_DIR, debian_path, debian_version, gensim_file, npm_package
+from adapt.bench.suites.package_data import FORTUNE_DIR, debian_path, debian_version, gensim_file, npm_package
 from adapt.bench.tasks import ClassificationTask, SimilarityTask
 from adapt.errors import DataError
 

@@ -14,7 +14,7 @@ import re
 
 import numpy as np
 
-from adapt.bench.sources import npm_package
+from adapt.bench.suites.package_data import npm_package
 from adapt.bench.tasks import ClassificationTask, RetrievalTask
 from adapt.errors import DataError
 

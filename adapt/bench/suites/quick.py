@@ -256,6 +256,11 @@ BUILDERS = {
     "wiki-retrieval": wiki_retrieval,
 }
 QUICK_TASKS = list(BUILDERS)
+TASK_NAMES = set(BUILDERS)
+RANK = 0  # first in `adapt bench --help`
+SUITES = {"quick": ("offline: real English text from gensim's test data (similarity, 2x classification, clustering, "
+                    "Wikipedia retrieval); a smoke test, too small to separate encoders (about 53k tokens)",
+                    QUICK_TASKS)}
 
 
 def read_cached_task(path: Path) -> Task | None:
@@ -288,3 +293,8 @@ def load_quick_task(name: str, *, use_cache: bool = True) -> Task:
     if use_cache:
         write_cached_task(path, task)
     return task
+
+
+def load_task(name: str) -> Task:
+    """The suites registry's entry (adapt.bench.suites)."""
+    return load_quick_task(name)
