@@ -6,7 +6,8 @@ its root, written by :mod:`adapt.export`) and the record of the run that made it
     OUT/run/config.yaml        the resolved configuration that ran (a staged run: the chain as a preset)
     OUT/run/metrics.jsonl      training and eval log;  OUT/run/loss.png  its plot
     OUT/run/summary.json       probes, figures; written last, so it marks a finished run
-    OUT/run/checkpoints/step-N resume points (Accelerate state + trainer_state.json, written last)
+    OUT/run/checkpoints/step-N resume points (Accelerate state + trainer_state.json, written last; under
+                               LoRA/QLoRA the model state is the trained weights only: adapt.train)
     OUT/run/adapter/           the LoRA adapter;  OUT/run/data/  the packed token store
     OUT/run/lm_head.safetensors  the trained model's LM head when it is not tied to the input embeddings
                                (the encoder at OUT keeps only the backbone; a later stage or a sparse

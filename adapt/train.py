@@ -6,7 +6,11 @@ does not look into. Launch on one process through ``adapt convert``; on several 
 
 Exact resume: objectives make batch k (and its mask) a pure function of (seed, k, rank), and
 checkpoints hold model, optimizer, scheduler and RNG states, so a run resumed from step N continues
-exactly as the uninterrupted run would have.
+exactly as the uninterrupted run would have. The model state of a LoRA/QLoRA run (a peft model) is the
+weights the optimizer trains plus the training module's own state outside the tuned model (a SPLADE
+term bias, its IDF buffer): the frozen base is rebuilt from the run's config, as ``adapt export`` does
+(``Trainer`` registers Accelerate's save/load pre-hooks for it). Full fine-tuning saves the whole model;
+a LoRA checkpoint of the whole model (written before) still loads.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import logging
 import math
 import shutil
 import time
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +33,8 @@ from adapt.io_utils import append_jsonl, atomic_path, atomic_write_json, atomic_
 from adapt.layout import CHECKPOINTS, METRICS, STATE_FILE, checkpoint_dirs, checkpoint_name
 
 log = logging.getLogger(__name__)
+
+WEIGHTS = "model.safetensors"  # Accelerate's file for the one module a Trainer prepares
 
 
 @dataclass
@@ -102,6 +109,11 @@ class Trainer:
         self.scheduler = build_scheduler(optimizer, train)
         self.module, self.optimizer = accelerator.prepare(module, optimizer)
         accelerator.register_for_checkpointing(self.scheduler)
+        self.trained: set[int] | None = None  # ids of the parameters a checkpoint keeps (None: the whole model)
+        if keeps_trained_only(model):
+            self.trained = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
+            accelerator.register_save_state_pre_hook(self._keep_trained)
+            accelerator.register_load_state_pre_hook(self._load_trained)
         self.model = model
         self.step, self.tokens = 0, 0
         self.metrics_path = self.run_dir / METRICS
@@ -109,6 +121,56 @@ class Trainer:
         self.best: dict | None = None  # with train.best_metric: {"step", "value", "state"} of the best evaluation
 
     # ---- checkpoints -----------------------------------------------------------------------
+    def _ours(self, module) -> bool:
+        """Whether ``module`` (as Accelerate lists it: wrapped by DDP or not, by version) is the one trained here."""
+        unwrap = self.accelerator.unwrap_model
+        return module is self.module or unwrap(module) is unwrap(self.module)
+
+    def _trained_names(self, module) -> dict[int, list[str]]:
+        """The names (tied ones included) of each trained parameter in ``module``'s state."""
+        names = defaultdict(list)
+        for name, param in module.named_parameters(remove_duplicate=False):
+            if id(param) in self.trained:
+                names[id(param)].append(name)
+        return names
+
+    def _kept_keys(self, module) -> set[str]:
+        """State keys of ``module`` a LoRA checkpoint keeps: the trained parameters, and what the training module
+        holds outside the tuned model (a SPLADE stage's term bias and IDF buffer)."""
+        inner = next((name for name, sub in module.named_modules() if sub is self.model), "")
+        outside = {key for key in module.state_dict() if inner and not key.startswith(inner + ".")}
+        return outside | {name for names in self._trained_names(module).values() for name in names}
+
+    def _keep_trained(self, models, weights, output_dir) -> None:
+        """Accelerate's save pre-hook: drop the frozen weights from the module's state before it is written."""
+        for module, state in zip(models, weights):
+            if self._ours(module):
+                keep = self._kept_keys(module)
+                for key in [k for k in state if k not in keep]:
+                    del state[key]
+
+    def _load_trained(self, models, input_dir) -> None:
+        """Accelerate's load pre-hook: load a checkpoint of the trained weights into the module (the frozen
+        ones stay as loaded) and take the module off Accelerate's list; one of the whole model is left to it."""
+        from safetensors.torch import load_file
+
+        path = Path(input_dir) / WEIGHTS
+        module = next((m for m in models if self._ours(m)), None)
+        if module is None or not path.is_file():
+            return
+        state, kept = load_file(str(path)), self._kept_keys(module)
+        if set(state) & (set(module.state_dict()) - kept):
+            return  # frozen weights in it: the whole model (written before checkpoints kept the trained ones only)
+        missing = [names[0] for names in self._trained_names(module).values() if not any(n in state for n in names)]
+        unexpected = sorted(set(state) - kept)
+        if missing or unexpected:
+            what = (f"lacks {len(missing)} trained weights of this run (e.g. {missing[0]})" if missing else
+                    f"holds {len(unexpected)} weights this run does not train (e.g. {unexpected[0]})")
+            raise TrainingError(f"{path} {what}: it was not written by this run's settings; resume with them, or "
+                                "use --overwrite")
+        module.load_state_dict(state, strict=False)
+        models[:] = [m for m in models if m is not module]
+
     def save_checkpoint(self) -> Path:
         acc = self.accelerator
         final = self.run_dir / CHECKPOINTS / checkpoint_name(self.step)
@@ -256,6 +318,11 @@ class Trainer:
             acc.unwrap_model(self.module).model.load_state_dict(self.best["state"], strict=False)
             self.last_eval = {**self.last_eval, "best_step": self.best["step"], "best_value": self.best["value"]}
         return TrainResult(self.step, self.tokens, time.perf_counter() - start, self.last_eval, self.metrics_path)
+
+
+def keeps_trained_only(model) -> bool:
+    """Whether the checkpoints of training ``model`` keep only its trained weights: a LoRA/QLoRA (peft) model."""
+    return hasattr(model, "peft_config")
 
 
 def available_trackers(names: list[str]) -> list[str]:

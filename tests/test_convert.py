@@ -11,6 +11,7 @@ from adapt.convert import convert
 from adapt.errors import ConfigError, DataError, ModelLoadError, OutputExistsError, TrainingError
 from adapt.layout import checkpoint_dirs
 from adapt.objectives.masked import MaskedLM
+from adapt.sparse_export import sparse_supported
 from adapt.train import Trainer
 from tests.tiny import CORPUS
 
@@ -52,9 +53,17 @@ def _weights(out):
     return load_file(str(out / "model.safetensors"))
 
 
-def test_resume_after_crash_equals_uninterrupted_run(tiny_model_dir, corpus, tmp_path, monkeypatch):
+@pytest.mark.parametrize("tuning, old_checkpoints", [("full", False), ("lora", False), ("qlora", False),
+                                                     ("lora", True)])
+def test_resume_after_crash_equals_uninterrupted_run(tiny_model_dir, corpus, tmp_path, monkeypatch, tuning,
+                                                     old_checkpoints):
+    """Bit for bit. A LoRA/QLoRA checkpoint holds the trained weights only (the frozen base comes from the
+    source again); ``old_checkpoints``: the crashed run wrote the whole model, as checkpoints did before."""
+    from adapt import train
+
+    overrides = ["train.max_steps=6", "train.save_every=2", "tuning.lora_r=4"]
     straight = tmp_path / "straight"
-    _run(tiny_model_dir, straight, corpus, overrides=["train.max_steps=6", "train.save_every=2"])
+    _run(tiny_model_dir, straight, corpus, tuning=tuning, overrides=overrides)
 
     crashed = tmp_path / "crashed"
     original = MaskedLM.batch
@@ -68,20 +77,95 @@ def test_resume_after_crash_equals_uninterrupted_run(tiny_model_dir, corpus, tmp
 
     monkeypatch.setattr(Trainer, "evaluate", lambda self: {})
     monkeypatch.setattr(MaskedLM, "batch", dying_batch)
+    if old_checkpoints:
+        monkeypatch.setattr(train, "keeps_trained_only", lambda model: False)
     with pytest.raises(RuntimeError, match="simulated kill"):
-        _run(tiny_model_dir, crashed, corpus, overrides=["train.max_steps=6", "train.save_every=2"])
+        _run(tiny_model_dir, crashed, corpus, tuning=tuning, overrides=overrides)
     assert [p.name for p in checkpoint_dirs(crashed / "run")] == ["step-000002", "step-000004"]
     assert not (crashed / "model.safetensors").exists()
-    monkeypatch.setattr(MaskedLM, "batch", original)
+    saved = _weights(crashed / "run/checkpoints/step-000004")
+    base = [k for k in saved if k.endswith("q_proj.weight") or k.endswith("q_proj.base_layer.weight")]
+    assert bool(base) == (tuning == "full" or old_checkpoints)
+    monkeypatch.undo()  # the resumed run is today's code (evaluation off, as in the crashed run)
+    monkeypatch.setattr(Trainer, "evaluate", lambda self: {})
     with pytest.raises(OutputExistsError, match="--resume"):
-        _run(tiny_model_dir, crashed, corpus, overrides=["train.max_steps=6", "train.save_every=2"])
-    _run(tiny_model_dir, crashed, corpus, overrides=["train.max_steps=6", "train.save_every=2"], resume=True)
+        _run(tiny_model_dir, crashed, corpus, tuning=tuning, overrides=overrides)
+    _run(tiny_model_dir, crashed, corpus, tuning=tuning, overrides=overrides, resume=True)
     a, b = _weights(straight), _weights(crashed)
     assert a.keys() == b.keys()
     for k in a:
-        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
+        assert torch.equal(a[k], b[k]), k
     steps = [r["step"] for r in map(json.loads, (crashed / "run/metrics.jsonl").read_text().splitlines()) if "loss" in r]
     assert steps == sorted(steps) and len(steps) == len(set(steps)) == 6
+
+
+@pytest.mark.parametrize("tuning", ["lora", "qlora"])
+def test_a_lora_checkpoint_holds_the_trained_weights_only(tiny_model_dir, corpus, tmp_path, tuning):
+    """No frozen base weight (not the 4-bit ones either): the adapters and the new mask token's row. A
+    checkpoint that lacks one of them, or holds one this run does not train, is refused on --resume, naming it."""
+    import re
+
+    from safetensors.torch import save_file
+
+    out = tmp_path / "out"
+    _run(tiny_model_dir, out, corpus, tuning=tuning, overrides=["train.max_steps=2", "tuning.lora_r=4"])
+    ckpt = checkpoint_dirs(out / "run")[-1]
+    saved = _weights(ckpt)
+    assert saved and all(re.search(r"\.lora_[AB]\.default\.weight$|\.trainable_tokens_delta\.default$", k) for k in saved)
+    assert (ckpt / "model.safetensors").stat().st_size < (tiny_model_dir / "model.safetensors").stat().st_size / 4
+    dropped, extra = sorted(saved)[0], "model.base_model.model.model.norm.lora_A.default.weight"
+    for state, says in (({k: v for k, v in saved.items() if k != dropped},
+                         f"lacks 1 trained weights of this run (e.g. {dropped})"),
+                        ({**saved, extra: torch.zeros(4, 4)}, f"holds 1 weights this run does not train (e.g. {extra})")):
+        save_file(state, str(ckpt / "model.safetensors"))
+        with pytest.raises(TrainingError, match=re.escape(says)):
+            _run(tiny_model_dir, out, corpus, tuning=tuning, overrides=["train.max_steps=2", "tuning.lora_r=4"],
+                 resume=True)
+
+
+@pytest.mark.skipif(not sparse_supported(), reason="sparse encoders need sentence-transformers >= 6.2")
+def test_a_lora_splade_stage_resumes_exactly_with_its_term_bias_and_idf(tiny_model_dir, tmp_path, monkeypatch):
+    """The training module's own state outside the tuned model (the trained term bias, the queries' IDF) is in
+    a LoRA checkpoint with the adapters; resumed, the run exports what the uninterrupted one did."""
+    from adapt.rebuild import load_checkpoint_model
+    from tests.test_contrastive import toy_sentences
+
+    docs = tmp_path / "docs.txt"
+    docs.write_text("\n\n".join([CORPUS] * 4 + [" ".join(toy_sentences(40)[i:i + 5]) for i in range(24)]) + "\n")
+    preset = tmp_path / "splade.yaml"
+    preset.write_text("kind: splade\ndata: {eval_fraction: 0.2}\nexport: {max_seq_length: 64}\n"
+                      "train: {max_steps: 4, batch_size: 4, lr: 1.0e-3, warmup_ratio: 0.0, eval_every: 2, eval_batches: 2, "
+                      "save_every: 2, log_every: 1}\ncontrastive: {max_length: 32}\n"
+                      "splade: {queries: idf, init_active_terms: 20}\ntuning: {method: lora, lora_r: 4}\n")
+
+    def run(out, **kw):
+        return convert(str(tiny_model_dir), out, preset=str(preset), data=[str(docs)], show_progress=False, **kw)
+
+    run(tmp_path / "straight")
+    original, calls = Trainer.train_step, {"n": 0}
+
+    def dying_step(self):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("simulated kill")
+        return original(self)
+
+    monkeypatch.setattr(Trainer, "train_step", dying_step)
+    with pytest.raises(RuntimeError, match="simulated kill"):
+        run(tmp_path / "crashed")
+    ckpt = tmp_path / "crashed/run/checkpoints/step-000002"
+    assert {k for k in _weights(ckpt) if ".lora_" not in k and "trainable_tokens" not in k} == {"term_bias", "query_idf"}
+    monkeypatch.undo()
+    run(tmp_path / "crashed", resume=True)
+    files = [p for p in (p.relative_to(tmp_path / "straight") for p in (tmp_path / "straight").rglob("*.safetensors"))
+             if p.parts[0] != "run"]
+    assert len(files) >= 2  # the backbone and the Dense head that holds the term bias
+    for name in files:
+        a, b = load_file(str(tmp_path / "straight" / name)), load_file(str(tmp_path / "crashed" / name))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    rebuilt = load_checkpoint_model(tmp_path / "crashed/run/checkpoints/step-000004")
+    saved = _weights(tmp_path / "straight/run/checkpoints/step-000004")
+    assert torch.equal(rebuilt.term_bias, saved["term_bias"]) and torch.equal(rebuilt.query_idf, saved["query_idf"])
 
 
 def test_resume_refuses_changed_settings(tiny_model_dir, corpus, tmp_path):

@@ -205,6 +205,47 @@ def test_export_from_a_training_checkpoint(tiny_model_dir, tmp_path, tuning):
     assert _same_vectors(export_from_path(earlier, tmp_path / "from-earlier"), out) < 0.99999
 
 
+def test_export_from_a_lora_checkpoint_of_the_trained_weights_or_of_the_whole_model(tiny_model_dir, tmp_path,
+                                                                                     monkeypatch):
+    """A LoRA checkpoint holds the trained weights only; the base is rebuilt from the run's config. One of the
+    whole model (as checkpoints were written before) exports the same weights; a run config that no longer
+    matches the checkpoint is refused, saying so."""
+    from safetensors.torch import load_file
+
+    from adapt import train
+    from adapt.convert import convert
+    from tests.tiny import CORPUS
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(CORPUS * 4)
+
+    def run(out):
+        convert(str(tiny_model_dir), out, preset="tiny", data=[str(corpus)], tuning="lora", show_progress=False,
+                overrides=["tuning.lora_r=4"])
+        return out / "run/checkpoints/step-000004"
+
+    last = run(tmp_path / "run")
+    assert not any(k.endswith("q_proj.base_layer.weight") for k in load_file(str(last / "model.safetensors")))
+    exported = export_from_path(last, tmp_path / "from-last")
+    assert _same_vectors(exported, tmp_path / "run") > 0.99999
+    monkeypatch.setattr(train, "keeps_trained_only", lambda model: False)
+    whole = run(tmp_path / "whole")
+    assert any(k.endswith("q_proj.base_layer.weight") for k in load_file(str(whole / "model.safetensors")))
+    a, b = (load_file(str(export_from_path(ckpt, tmp_path / name) / "model.safetensors"))
+            for ckpt, name in ((last, "a"), (whole, "b")))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    config = tmp_path / "run/run/config.yaml"
+    text = config.read_text()
+    for changed, match in (("method: full", "do not match the model its run config describes"),
+                           ("lora_r: 2", "has shape .* in the checkpoint"), ("target_modules: [q_proj]", "has no place in the model")):
+        key = changed.split(":")[0]
+        config.write_text("\n".join(f"  {changed}" if line.strip().startswith(key + ":") else line
+                                    for line in text.splitlines()))
+        with pytest.raises(ModelLoadError, match=match):
+            export_from_path(last, tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+
+
 def test_export_from_a_contrastive_stage_checkpoint(tiny_model_dir, tmp_path):
     from adapt.stages import run_stages
     from tests.tiny import CORPUS
