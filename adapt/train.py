@@ -33,6 +33,7 @@ from adapt.io_utils import append_jsonl, atomic_path, atomic_write_json, atomic_
 from adapt.layout import CHECKPOINTS, METRICS, STATE_FILE, checkpoint_dirs, checkpoint_name
 
 log = logging.getLogger(__name__)
+PART = "loss/"  # a term of the training loss in the metrics log: loss/infonce, loss/keep_source, ...
 
 WEIGHTS = "model.safetensors"  # Accelerate's file for the one module a Trainer prepares
 
@@ -249,6 +250,7 @@ class Trainer:
         """One optimizer step (without the scheduler): returns (what trained, micro-batch losses, tokens seen)."""
         acc, t = self.accelerator, self.tcfg
         losses, tokens, label = [], 0, ""
+        self.step_parts = {}
         for _ in range(self.objective.micro_batches):
             with acc.accumulate(self.module):
                 out = self.objective.step(self.module, acc, self.step)
@@ -259,6 +261,8 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
             losses.append(float(out.loss))
             tokens, label = tokens + out.tokens, out.label
+            for name, value in out.parts.items():
+                self.step_parts.setdefault(name, []).append(float(value))
         return label, losses, tokens
 
     def fit(self, *, resume: bool = False) -> TrainResult:
@@ -276,11 +280,13 @@ class Trainer:
         bar = tqdm(total=t.max_steps, initial=self.step, desc="train", disable=not (self.show_progress and acc.is_main_process),
                    dynamic_ncols=True)
         self.module.train()
-        start, window_t, window_tok, losses = time.perf_counter(), time.perf_counter(), 0, []
+        start, window_t, window_tok, losses, parts = time.perf_counter(), time.perf_counter(), 0, [], {}
         try:
             while self.step < t.max_steps:
                 label, step_losses, step_tokens = self.train_step()
                 losses += step_losses
+                for name, values in self.step_parts.items():
+                    parts.setdefault(name, []).extend(values)
                 self.tokens += step_tokens
                 window_tok += step_tokens
                 self.scheduler.step()
@@ -290,11 +296,13 @@ class Trainer:
                     now = time.perf_counter()
                     rate = window_tok / max(now - window_t, 1e-9)
                     record = {"step": self.step, "objective": label, "loss": float(np.mean(losses)),
+                              "loss_name": getattr(self.objective, "loss_name", "loss"),
+                              **{f"{PART}{name}": float(np.mean(v)) for name, v in parts.items()},
                               "lr": self.scheduler.get_last_lr()[0], "tokens": self.tokens, "tokens_per_s": rate,
                               "elapsed_s": now - start}
                     self._log(record)
                     bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{rate:.0f}", obj=label)
-                    window_t, window_tok, losses = now, 0, []
+                    window_t, window_tok, losses, parts = now, 0, [], {}
                 stop = False
                 if (t.eval_every and self.step % t.eval_every == 0) or self.step == t.max_steps:
                     self.last_eval = self.evaluate()
@@ -339,8 +347,22 @@ def available_trackers(names: list[str]) -> list[str]:
 
 
 def plot_metrics(metrics_path: Path, out_png: Path) -> Path | None:
-    """Loss curve (train loss per log step, eval losses as markers) as a PNG."""
-    records = read_jsonl(metrics_path)
+    """The loss curve of a run's log as a PNG (see :func:`loss_figure`); None when nothing was logged."""
+    fig = loss_figure(read_jsonl(metrics_path))
+    if fig is None:
+        return None
+    import matplotlib.pyplot as plt
+
+    with atomic_path(out_png) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+    return out_png
+
+
+def loss_figure(records: list[dict]):
+    """The training loss per log step, labelled with what it is (the objective's ``loss_name``), held-out
+    losses as markers, and, when the loss has several terms (InfoNCE plus keep_source's, ranking plus
+    FLOPS), each term in a panel of its own below. None when no finite loss was logged."""
     train = [(r["step"], r["loss"]) for r in records if "loss" in r and math.isfinite(r["loss"])]
     if not train:
         return None
@@ -349,18 +371,27 @@ def plot_metrics(metrics_path: Path, out_png: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(*zip(*train), label="train loss")
+    names = [r.get("loss_name") for r in records if r.get("loss_name")]
+    what = " then ".join(dict.fromkeys(names)) or "loss"  # a chain of objectives names each (mixtures: one name)
+    parts = sorted({k[len(PART):] for r in records for k in r if k.startswith(PART)})
+    fig, axes = plt.subplots(2 if parts else 1, 1, figsize=(7, 6.5 if parts else 4), sharex=True, squeeze=False)
+    ax = axes[0][0]
+    ax.plot(*zip(*train), label=f"train: {what}")
     eval_keys = sorted({k for r in records for k in r if k.startswith("eval/") and k.endswith("_loss")})
     for key in eval_keys:
         pts = [(r["step"], r[key]) for r in records if key in r]
-        ax.plot(*zip(*pts), "o--", label=key)
-    ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy")
+        ax.plot(*zip(*pts), "o--", label=f"held out: {key[5:]}")
+    ax.set_ylabel(what if len(what) <= 30 else "loss")
     ax.grid(alpha=0.3)
     ax.legend()
+    if parts:
+        below = axes[1][0]
+        for name in parts:
+            pts = [(r["step"], r[PART + name]) for r in records if PART + name in r and math.isfinite(r[PART + name])]
+            below.plot(*zip(*pts), label=name)
+        below.set_ylabel("terms of the training loss")
+        below.grid(alpha=0.3)
+        below.legend()
+    axes[-1][0].set_xlabel("step")
     fig.tight_layout()
-    with atomic_path(out_png) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
-    return out_png
+    return fig

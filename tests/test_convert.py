@@ -296,3 +296,22 @@ def test_trackers_reach_tensorboard(tiny_model_dir, corpus, tmp_path):
     assert {"loss", "lr", "eval/mlm_loss", "eval/mlm_acc"} <= tags, tags
     assert [e.step for e in acc.Scalars("loss")] == [1, 2, 3, 4]  # the tiny preset logs every step
     assert [e.step for e in acc.Scalars("eval/mlm_loss")] == [2, 4]
+
+
+def test_the_loss_plot_says_what_each_curve_is_and_draws_the_terms():
+    """Not "cross-entropy" for every run: the curve is named by the objective (InfoNCE + keep_source), and a
+    loss with several terms gets them plotted below."""
+    from adapt.train import loss_figure
+
+    records = [{"step": s, "loss": 3.0 - s / 10, "loss_name": "InfoNCE + keep_source", "loss/infonce": 2.5 - s / 10,
+                "loss/keep_source": 0.5} for s in range(1, 6)] + [{"step": 5, "eval/crops_loss": 2.0}]
+    fig = loss_figure(records)
+    top, below = fig.axes
+    assert [t.get_text() for t in top.get_legend().get_texts()] == ["train: InfoNCE + keep_source",
+                                                                     "held out: crops_loss"]
+    assert top.get_ylabel() == "InfoNCE + keep_source" and "cross-entropy" not in top.get_ylabel()
+    assert [t.get_text() for t in below.get_legend().get_texts()] == ["infonce", "keep_source"]
+    assert list(below.lines[1].get_ydata()) == [0.5] * 5
+    masked = loss_figure([{"step": 1, "loss": 5.0, "loss_name": "cross-entropy", "objective": "mlm"}])
+    assert len(masked.axes) == 1 and masked.axes[0].get_ylabel() == "cross-entropy"
+    assert loss_figure([{"step": 1, "loss": float("nan")}]) is None

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import importlib
 import pkgutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -33,6 +33,7 @@ class StepOutput:
     loss: torch.Tensor  # the micro-batch's loss, detached (checked for NaN by the loop)
     tokens: int  # tokens this micro-batch trained on, over all processes
     label: str  # what trained (the objective of a mixture's step, the contrastive loss): logged
+    parts: dict[str, float] = field(default_factory=dict)  # the loss's terms when it has several (they sum to it)
 
 
 @dataclass
@@ -48,6 +49,7 @@ class StageContext:
 @runtime_checkable
 class Objective(Protocol):
     kind: str
+    loss_name: str  # what the training loss is ("cross-entropy", "InfoNCE + keep_source", ...): the loss plot's label
     micro_batches: int  # micro-batches accumulated into one optimizer step
     uses_lm_head: bool  # False: an untied LM head is frozen (encoder objectives never run it)
     export_kind: str  # "dense": a sentence-transformers encoder; "sparse": a SPLADE SparseEncoder (adapt.sparse_export)
@@ -92,6 +94,7 @@ class ObjectiveBase:
 
     uses_lm_head = False
     export_kind = "dense"
+    loss_name = "loss"
     # "section.key" -> why that setting does not apply to this kind: a stage planned from a preset or a
     # --set meant for every stage drops it (and says so); one set for this very stage is refused
     inapplicable: dict[str, str] = {}

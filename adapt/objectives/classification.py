@@ -92,6 +92,7 @@ class Classification(ObjectiveBase):
     """Cross-entropy on ``train`` (token-id rows, label ids), accuracy and macro-F1 on ``dev``."""
 
     kind = "classification"
+    loss_name = "cross-entropy"
     micro_batches = 1
 
     def __init__(self, train: tuple[list[list[int]], list[int]], dev: tuple[list[list[int]], list[int]], *,

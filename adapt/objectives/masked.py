@@ -35,6 +35,7 @@ class MaskedLM(ObjectiveBase):
     """The ``objective`` section's schedule on the packed corpus; ``train.grad_accum`` micro-batches a step."""
 
     uses_lm_head = True
+    loss_name = "cross-entropy"  # of the labelled positions (MLM, MNTP or CLM: the log's `objective`)
 
     def __init__(self, cfg: RunConfig):
         self.cfg, self.kind = cfg, cfg.kind

@@ -67,6 +67,7 @@ class Splade(Crops):
 
     uses_lm_head = True  # the head is the encoder's output layer: it trains, and it is exported
     export_kind = "sparse"
+    loss_name = "ranking + FLOPS"
 
     inapplicable = {
         "export.sink_prompt": "it keeps a token out of a pooled vector, and a SPLADE stage's weights are a max "
@@ -95,6 +96,7 @@ class Splade(Crops):
         self._scale = 0.0
         self.idf_queries = self.s.queries == "idf"
         self._idf, self._prefix, self._n_queries, self._query_vectors, self._own = None, "", 0, None, None
+        self._parts: dict[str, float] = {}  # the last training loss's terms (logged as loss/NAME)
 
     # ---- data: pairs (contrastive) or crops --------------------------------------------------
     def load_examples(self):
@@ -204,18 +206,21 @@ class Splade(Crops):
             targets = offset + torch.arange(n_queries, device=dev)
             mask = false_negative_mask(torch.tensor(positive_keys, dtype=torch.long, device=dev), keys, targets)
             loss, correct = ranking_loss(queries, candidates, targets, mask)
+            ranking = loss.detach()
             if self.s.own_terms:  # each document's own tokens above 0 before relu, the rare ones first
                 own, pooled = self._own.to(dev), self.split(out, n_queries)[1]
                 floor = (own * (1 - pooled).relu()).sum(dim=1) / own.sum(dim=1).clamp_min(1e-6)
                 loss = loss + self.s.own_terms * floor.mean()
             regularizer = lambda_d * flops(docs) + (0.0 if self.idf_queries else lambda_q * flops(queries))
+            self._parts = {"ranking": float(ranking), "flops": float(regularizer),
+                           **({"own_terms": float(loss - ranking)} if self.s.own_terms else {})}
             return loss + regularizer, correct
         return fn
 
     def step(self, module, accelerator, step: int) -> StepOutput:
         self._scale = regularizer_scale(step, self.warmup_steps)
         out = super().step(module, accelerator, step)
-        return StepOutput(out.loss, out.tokens, "splade")
+        return StepOutput(out.loss, out.tokens, "splade", dict(self._parts))
 
     @torch.no_grad()
     def evaluate(self, module, accelerator) -> dict:
