@@ -30,7 +30,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def _no_bitsandbytes() -> None:
     """Commands that never quantize keep bitsandbytes out of the process (ADAPT_ALLOW_BNB=1 lets it in);
     `adapt convert` decides once its configuration is resolved."""
-    from adapt.bnb import hide_bitsandbytes
+    from adapt.model.quantization import hide_bitsandbytes
 
     hide_bitsandbytes()
 
@@ -95,7 +95,7 @@ def convert(model, out, preset, data, objective, tuning, max_steps, stages, pair
 
     With --stages (or a preset naming stages, e.g. llm2vec: MNTP then SimCSE) the stages run in turn
     under OUT/stages/ and the last one's encoder is published at OUT."""
-    from adapt.convert import convert as run
+    from adapt.pipeline.convert import convert as run
 
     result = run(model, out, preset=preset, overrides=list(overrides), data=list(data) or None, objective=objective,
                  tuning=tuning, max_steps=max_steps, stages=stages, pairs=pairs, resume=resume, overwrite=overwrite,
@@ -117,7 +117,7 @@ def convert(model, out, preset, data, objective, tuning, max_steps, stages, pair
         if s.get("loss_plot"):
             click.echo(f"  loss curve: {result.out / s['loss_plot']}")
     click.echo(f"  probe after reload: first-token change {s['probe_after']['unpadded']:.3g} (bidirectional)")
-    from adapt.layout import CHECKPOINTS
+    from adapt.config.run_folder import CHECKPOINTS
 
     kept = [p for p in Path(result.out).rglob(CHECKPOINTS) if p.is_dir()]
     size = sum(f.stat().st_size for d in kept for f in d.rglob("*") if f.is_file())
@@ -136,8 +136,8 @@ def presets(name, show_path):
 
     Presets are YAML recipes under presets/ with the sections model, data, objective, tuning, train
     and export; use one with `adapt convert --preset NAME` and override any value with --set."""
-    from adapt.config import RunConfig
-    from adapt.preset_files import PRESETS_DIR, list_presets, load_preset, preset_path
+    from adapt.config.settings import RunConfig
+    from adapt.config.preset_files import PRESETS_DIR, list_presets, load_preset, preset_path
     from adapt.errors import ConfigError
 
     found = list_presets()
@@ -162,9 +162,9 @@ def presets(name, show_path):
 @_friendly
 def probe(model, bidirectional):
     """Probe MODEL: does changing the last token change the first token's hidden state?"""
-    from adapt.bidirectional import probe as run_probe
-    from adapt.config import ModelConfig
-    from adapt.loading import load_decoder
+    from adapt.model.bidirectional import probe as run_probe
+    from adapt.config.settings import ModelConfig
+    from adapt.model.loading import load_decoder
 
     _no_bitsandbytes()
     m, _ = load_decoder(ModelConfig(source=model), bidirectional=bidirectional)
@@ -211,7 +211,7 @@ def export(source, out, pooling, normalize, max_seq_length, dtype, prompts, back
     (OUT/run/checkpoints/step-N; OUT/run/checkpoints for the newest), rebuilt from the run's config.
     With --backend onnx|openvino the folder also holds that graph, and `adapt embed` runs it. With
     --kind sparse it is a SPLADE encoder that `SparseEncoder(DIR)` loads."""
-    from adapt.rebuild import export_from_path
+    from adapt.pipeline.reexport import export_from_path
 
     _no_bitsandbytes()  # --quantize is ONNX/OpenVINO int8, not bitsandbytes
     if quantize and backend == "torch":
@@ -221,8 +221,8 @@ def export(source, out, pooling, normalize, max_seq_length, dtype, prompts, back
                             top_k=top_k, order_dims=order_dims, data=list(data) or None)
     click.echo(f"exported {source} -> {path} (probe: bidirectional)")
     if backend != "torch":
-        from adapt.backends import folder_backend
-        from adapt.backend_export import describe
+        from adapt.inference.graph_model import folder_backend
+        from adapt.export.graphs import describe
 
         click.echo(f"  {describe(folder_backend(path))}")
 
@@ -264,8 +264,8 @@ def embed(encoder, texts, input_path, output_path, field, prompt_name, batch_siz
     Several processes: `torchrun --nproc_per_node N -m adapt embed ENCODER -i FILE -o DIR/` (or
     `accelerate launch --multi_gpu --num_processes N -m adapt embed ...`): each embeds its share of
     the shards; a rerun of the same command skips the finished ones."""
-    from adapt.embed_io import embed as run
-    from adapt.embed_io import merge_shards
+    from adapt.inference.embed import embed as run
+    from adapt.inference.embed import merge_shards
 
     _no_bitsandbytes()
     if merge_dir:
@@ -307,7 +307,7 @@ def embed(encoder, texts, input_path, output_path, field, prompt_name, batch_siz
 @_friendly
 def finetune(encoder, train_path, eval_path, out, text_field, label_field, tuning, epochs, lr, batch_size, max_length, patience, seed, quiet):
     """Fine-tune ENCODER into a sequence classifier that plain transformers loads (pipeline, AutoModel...)."""
-    from adapt.finetune import finetune as run
+    from adapt.pipeline.finetune import finetune as run
 
     _no_bitsandbytes()
     metrics = run(encoder, train_path, out, eval_path=eval_path, text_field=text_field, label_field=label_field,
@@ -326,7 +326,7 @@ def finetune(encoder, train_path, eval_path, out, text_field, label_field, tunin
 @_friendly
 def classify(model_dir, texts, input_path, output_path, field, batch_size):
     """Label TEXT arguments or a file with a classifier made by `adapt finetune`."""
-    from adapt.finetune import classify as run
+    from adapt.pipeline.finetune import classify as run
 
     _no_bitsandbytes()
     if not texts and input_path is None:

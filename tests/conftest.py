@@ -7,7 +7,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# CLI commands run in this process (CliRunner) would keep bitsandbytes out of it for good (adapt.bnb), and a
+# CLI commands run in this process (CliRunner) would keep bitsandbytes out of it for good (adapt.model.quantization), and a
 # later QLoRA test would fail: tests of that switch run fresh interpreters without this variable
 os.environ.setdefault("ADAPT_ALLOW_BNB", "1")
 

@@ -85,7 +85,7 @@ def test_convert_with_no_preset_runs_the_default_recipe(tiny_model_dir, tmp_path
     settings the preset names; --objective then asks for a masked stage first (mlm,crops)."""
     import yaml
 
-    from adapt.config import load_preset
+    from adapt.config.settings import load_preset
 
     default = load_preset("default")
     corpus = tmp_path / "c.txt"  # distinct documents: crops never pair a document with its own copy
@@ -172,10 +172,10 @@ def test_every_command_says_when_the_model_path_does_not_exist(command, tmp_path
 ])
 def test_a_missing_input_file_is_the_first_thing_said(command, missing, tiny_model_dir, tmp_path):
     """Errors about inputs come before any work: no progress bar, no output folder."""
-    from adapt.export import export_encoder
+    from adapt.export.dense import export_encoder
     from transformers import AutoModel, AutoTokenizer
 
-    from adapt.bidirectional import make_bidirectional
+    from adapt.model.bidirectional import make_bidirectional
 
     model = tiny_model_dir
     if command[0] in ("classify", "export"):

@@ -2,7 +2,7 @@
 
 ``TINY_CONFIGS`` maps a transformers ``model_type`` to the keyword arguments of a very small config
 of that family. Tests parametrize over it; adding a family is one entry here plus its facts in
-``adapt.arch``.
+``adapt.model.families``.
 """
 from __future__ import annotations
 

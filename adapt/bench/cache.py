@@ -5,7 +5,7 @@ Embeddings are stored as ``.npy`` files under ``OUT/cache/<model>/<key>.npy``, k
 more model therefore only encodes that model, and tasks over the same texts share embeddings.
 Files are written to a temporary name and renamed, so an interrupted run leaves no torn file.
 
-Under several processes (``torchrun`` / ``accelerate launch``, see :mod:`adapt.embed_shards`) each
+Under several processes (``torchrun`` / ``accelerate launch``, see :mod:`adapt.inference.shards`) each
 process encodes its share of a text group's batches, the shares are gathered in input order, and only
 process 0 reads and writes the cache (it tells the others what it found).
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from adapt.embed_shards import Processes, gather
+from adapt.inference.shards import Processes, gather
 from adapt.errors import AdaptError
 
 
@@ -87,7 +87,7 @@ def embed(encoder, texts: list[str], *, prompt: str | None, batch_size: int, cac
     ``prompts`` mapping (sentence-transformers style); others embed the raw text.
 
     ``siblings``: ``(encoder, model_key, model_name)`` of models that differ from ``encoder`` only in pooling
-    (:func:`adapt.encoder.variant`s of its loaded model). In one process with an on-disk cache, the ones the cache
+    (:func:`adapt.inference.encoder.variant`s of its loaded model). In one process with an on-disk cache, the ones the cache
     lacks are pooled from the same forward (``encode_poolings``) and written to the cache, where their own turn
     finds them: the same vectors as their own pass would give, for one forward instead of several.
     """

@@ -28,7 +28,7 @@ _GENERIC_NAMES = {"model", "models", "encoder", "export", "final", "out", "outpu
 
 @runtime_checkable
 class EncoderLike(Protocol):
-    """What the benchmark needs of an encoder (``adapt.encoder.Encoder`` fits; so do test fakes).
+    """What the benchmark needs of an encoder (``adapt.inference.encoder.Encoder`` fits; so do test fakes).
 
     ``fingerprint`` (optional) identifies the weights and settings for the embedding cache;
     without it the cache keys on ``name``.
@@ -55,7 +55,7 @@ class ModelSpec:
     @classmethod
     def parse(cls, text: str) -> ModelSpec:
         """``SOURCE[@key=value,...]``; keys: pooling, bidirectional, normalize, sink, dtype, label. ``sink=true``
-        (a raw decoder): a sink prompt before every text, left out of pooling (``adapt.pooling.DEFAULT_SINK``)."""
+        (a raw decoder): a sink prompt before every text, left out of pooling (``adapt.model.pooling.DEFAULT_SINK``)."""
         source, sep, opts = text.rpartition("@")
         if not sep or not opts or "=" not in opts:
             return cls(source=text)
@@ -117,7 +117,7 @@ def find_source(model: str | Path) -> str | None:
         return None
     if gguf or str(source).startswith("py:"):
         try:  # an installed package or a GGUF inside a folder: point at the folder or the file itself
-            from adapt.loading import resolve_source
+            from adapt.model.loading import resolve_source
 
             resolved = resolve_source(str(source), gguf)
             if resolved.is_local:
@@ -129,7 +129,7 @@ def find_source(model: str | Path) -> str | None:
 
 def baseline_specs(model: ModelSpec, source: str | None = None) -> list[ModelSpec]:
     """The source decoder as it was (causal: mean- and last-token-pooled, and mean-pooled after a sink prompt,
-    ``adapt.pooling``) and made bidirectional without training (mean-pooled), for comparison with the
+    ``adapt.model.pooling``) and made bidirectional without training (mean-pooled), for comparison with the
     converted ``model``."""
     source = source or find_source(model.source)
     if not source:
@@ -150,10 +150,10 @@ Loader = Callable[[ModelSpec, int | None], EncoderLike]
 
 
 def default_loader(spec: ModelSpec, max_length: int | None, device: str | None = None) -> EncoderLike:
-    """Load ``spec`` with :func:`adapt.encoder.load_encoder` (``device`` None: the best available); a sparse
+    """Load ``spec`` with :func:`adapt.inference.encoder.load_encoder` (``device`` None: the best available); a sparse
     encoder folder as a :class:`adapt.bench.sparse.SparseRetriever` (retrieval tasks only)."""
-    from adapt.encoder import load_encoder
-    from adapt.sparse_export import is_sparse_folder
+    from adapt.inference.encoder import load_encoder
+    from adapt.export.sparse import is_sparse_folder
 
     if Path(spec.source).is_dir() and is_sparse_folder(spec.source):
         from adapt.bench.sparse import load_sparse_retriever
@@ -162,7 +162,7 @@ def default_loader(spec: ModelSpec, max_length: int | None, device: str | None =
             raise ConfigError(f"{spec.source} is a sparse encoder: sink=true applies to a raw decoder only")
 
         return load_sparse_retriever(spec.source, dtype=spec.dtype, max_length=max_length, device=device)
-    from adapt.pooling import DEFAULT_SINK
+    from adapt.model.pooling import DEFAULT_SINK
 
     return load_encoder(spec.source, pooling=spec.pooling, bidirectional=spec.bidirectional,
                         normalize=spec.normalize, dtype=spec.dtype, max_length=max_length, device=device,
@@ -171,7 +171,7 @@ def default_loader(spec: ModelSpec, max_length: int | None, device: str | None =
 
 class SharedLoads:
     """A loader (``default_loader`` by default) that loads a raw decoder once for the specs that differ only in pooling
-    and sink prompt, as a decoder's causal baselines do: the later ones are :func:`adapt.encoder.variant`s of the
+    and sink prompt, as a decoder's causal baselines do: the later ones are :func:`adapt.inference.encoder.variant`s of the
     model it holds (the same vectors and fingerprints as loading each). It holds one model at a time."""
 
     def __init__(self, load: Loader):
@@ -189,8 +189,8 @@ class SharedLoads:
     def _variant(self, spec: ModelSpec, max_length: int | None):
         if not self._holds(spec, max_length):
             return None
-        from adapt.encoder import variant
-        from adapt.pooling import DEFAULT_SINK
+        from adapt.inference.encoder import variant
+        from adapt.model.pooling import DEFAULT_SINK
 
         return variant(self.held[1], pooling=spec.pooling or "mean", sink_prompt=DEFAULT_SINK if spec.sink else None)
 

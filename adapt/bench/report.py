@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from adapt.io_utils import atomic_path, atomic_write_json, atomic_write_text
+from adapt.files import atomic_path, atomic_write_json, atomic_write_text
 
 PACKAGES = ("adapt", "torch", "transformers", "sentence-transformers", "numpy", "scikit-learn", "mteb")
 

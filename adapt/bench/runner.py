@@ -31,9 +31,9 @@ from adapt.bench.models import (REFERENCE_LABEL, Loader, ModelSpec, SharedLoads,
 from adapt.bench.report import BenchReport, versions, write_reports
 from adapt.bench.sparse import SparseRetriever
 from adapt.bench.tasks import Task
-from adapt.embed_shards import Processes, barrier, end_group, processes, start_group
-from adapt.io_utils import atomic_write_text
-from adapt.loading import resolve_source
+from adapt.inference.shards import Processes, barrier, end_group, processes, start_group
+from adapt.files import atomic_write_text
+from adapt.model.loading import resolve_source
 from adapt.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -273,7 +273,7 @@ def _update_cards(entries, display, report: BenchReport, source: str | None, tit
     """Write each benchmarked adapt encoder's benchmark table into its model card: per task (and size, with
     ``dims``) its main score with the 95% interval, next to its scored source baselines, the average, and
     its verdict line (at the first size)."""
-    from adapt.export import record_bench
+    from adapt.export.dense import record_bench
 
     baselines = _baselines_of(entries, display, source)
     main = [row for row in report.rows if row["main"] or row["task"] == "average"]

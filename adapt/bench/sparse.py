@@ -12,7 +12,7 @@ import numpy as np
 
 from adapt.bench.stats import ItemScores
 from adapt.bench.tasks import RetrievalTask
-from adapt.sparse_embed import SparseModel, load_sparse
+from adapt.inference.sparse import SparseModel, load_sparse
 
 
 def rank_sparse(queries, corpus, k: int = 100) -> np.ndarray:

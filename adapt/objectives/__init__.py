@@ -1,6 +1,6 @@
-"""Training objectives: what a stage trains, plugged into the one loop (:mod:`adapt.train`).
+"""Training objectives: what a stage trains, plugged into the one loop (:mod:`adapt.training.loop`).
 
-The stage runner (:mod:`adapt.runner`) owns setup and teardown; the loop owns optimizer, schedule,
+The stage runner (:mod:`adapt.pipeline.stage`) owns setup and teardown; the loop owns optimizer, schedule,
 accumulation, clipping, checkpoints, logging and evaluation timing; an objective owns its data, the
 module the loop trains, the forward and backward of one micro-batch, and its evaluation. The loop
 does not know which objective it trains, as sentence-transformers' losses are independent of its
@@ -52,7 +52,7 @@ class Objective(Protocol):
     loss_name: str  # what the training loss is ("cross-entropy", "InfoNCE + keep_source", ...): the loss plot's label
     micro_batches: int  # micro-batches accumulated into one optimizer step
     uses_lm_head: bool  # False: an untied LM head is frozen (encoder objectives never run it)
-    export_kind: str  # "dense": a sentence-transformers encoder; "sparse": a SPLADE SparseEncoder (adapt.sparse_export)
+    export_kind: str  # "dense": a sentence-transformers encoder; "sparse": a SPLADE SparseEncoder (adapt.export.sparse)
 
     def read_data(self) -> dict | None:
         """Read and check what can be read before anything is written; a fingerprint to check on resume."""

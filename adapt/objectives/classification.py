@@ -1,12 +1,12 @@
 """Sequence classification: cross-entropy on labeled texts, evaluated by accuracy and macro-F1.
 
-Not a ``convert --stages`` kind (no ``KINDS``): :func:`adapt.finetune.finetune` builds it directly
-and runs it in the one loop (:class:`adapt.train.Trainer`). The model is a transformers
+Not a ``convert --stages`` kind (no ``KINDS``): :func:`adapt.pipeline.finetune.finetune` builds it directly
+and runs it in the one loop (:class:`adapt.training.loop.Trainer`). The model is a transformers
 ``*ForSequenceClassification`` (maybe peft-wrapped). ``pooling="last"`` runs the class itself (the
 last non-pad token, what a saved folder serves); ``pooling="mean"`` mean-pools the backbone's states
 through the same ``score`` layer.
 
-Batches: the training examples in the order of :func:`adapt.batches.batch_iterator` (epoch ``e`` is
+Batches: the training examples in the order of :func:`adapt.data.batches.batch_iterator` (epoch ``e`` is
 a permutation seeded by ``(seed, e)``, the last batch of an epoch may be short), so optimizer step k
 is a pure function of (seed, k, rank) and ``steps_per_epoch`` steps are one pass over the data.
 """
@@ -17,7 +17,7 @@ import math
 import numpy as np
 import torch
 
-from adapt.batches import batch_iterator
+from adapt.data.batches import batch_iterator
 from adapt.errors import ConfigError
 from adapt.objectives import ObjectiveBase, StepOutput
 

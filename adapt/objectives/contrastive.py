@@ -11,7 +11,7 @@
   Documents equal to a query's positive are masked out of its negatives (no false negatives).
 - Embeddings are pooled as the exported encoder pools (``export.pooling``), prompts included; with
   ``export.sink_prompt`` every text gets the sink in front and the sink and prompt are left out of pooling,
-  as the export then does (:mod:`adapt.pooling`).
+  as the export then does (:mod:`adapt.model.pooling`).
 - One optimizer step per batch of ``train.batch_size x train.grad_accum`` queries per process:
   ``grad_accum`` enlarges the batch through gradient caching (``contrastive.mini_batch``) instead of
   splitting the in-batch negatives; with several processes every process's documents are negatives
@@ -33,18 +33,18 @@ import logging
 import numpy as np
 import torch
 
-from adapt.config import RunConfig
-from adapt.batches import batch_iterator
-from adapt.data import resolve_data_sources
-from adapt.bidirectional import attends_causally, causal_attention
-from adapt.embedding import Embedder, set_dropout, tokenize
+from adapt.config.settings import RunConfig
+from adapt.data.batches import batch_iterator
+from adapt.data.token_store import resolve_data_sources
+from adapt.model.bidirectional import attends_causally, causal_attention
+from adapt.model.embedding import Embedder, set_dropout, tokenize
 from adapt.errors import ConfigError, DataError
 from adapt.objectives import ObjectiveBase, StageContext, StepOutput
-from adapt.loading import load_config
+from adapt.model.loading import load_config
 from adapt.objectives.infonce import (all_gather_rows, contrastive_backward, false_negative_mask, info_nce,
                                       linear_cka, matryoshka_info_nce, matryoshka_sizes)
-from adapt.pooling import check_sink, prompt_token_count
-from adapt.pairs import data_fingerprint, load_pairs, load_sentences, split_eval, text_key
+from adapt.model.pooling import check_sink, prompt_token_count
+from adapt.data.pairs import data_fingerprint, load_pairs, load_sentences, split_eval, text_key
 
 log = logging.getLogger(__name__)
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from adapt.data import resolve_data_sources
+from adapt.data.token_store import resolve_data_sources
 from adapt.errors import ConfigError
 from adapt.objectives.contrastive import Contrastive
-from adapt.pairs import crop, crop_words, load_documents, text_key
+from adapt.data.pairs import crop, crop_words, load_documents, text_key
 
 KINDS = {"crops": {"contrastive": {"loss": "crops"}}}
 

@@ -1,7 +1,7 @@
 """Masked-LM continued pretraining: MLM, MNTP, CLM and their mixtures and phases, on packed text.
 
 Data: the corpus of ``data.sources`` tokenized once into a packed token store on disk
-(:func:`adapt.data.build_token_store`, built by the main process, read by all). Batch k and its mask
+(:func:`adapt.data.token_store.build_token_store`, built by the main process, read by all). Batch k and its mask
 are pure functions of (seed, k, rank), so a resumed run continues exactly as the uninterrupted one.
 Loss: :class:`adapt.objectives.masking.LabeledPositionsLM` (the LM head only at labelled rows).
 """
@@ -10,15 +10,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from adapt.config import RunConfig
-from adapt.batches import batch_iterator
-from adapt.data import build_token_store, resolve_data_sources, resolve_sources
+from adapt.config.settings import RunConfig
+from adapt.data.batches import batch_iterator
+from adapt.data.token_store import build_token_store, resolve_data_sources, resolve_sources
 from adapt.errors import ConfigError
-from adapt.layout import TOKEN_STORE
-from adapt.loading import setup_mask_token
+from adapt.config.run_folder import TOKEN_STORE
+from adapt.model.loading import setup_mask_token
 from adapt.objectives import ObjectiveBase, StageContext, StepOutput
 from adapt.objectives.masking import IGNORE_INDEX, LabeledPositionsLM, mask_batch
-from adapt.schedule import ObjectiveSchedule
+from adapt.config.schedule import ObjectiveSchedule
 
 KINDS = {"mlm": {}, "mntp": {"objective": {"schedule": "mntp"}}}
 

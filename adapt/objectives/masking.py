@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from adapt.errors import ConfigError
-from adapt.schedule import check_objective
+from adapt.config.schedule import check_objective
 
 IGNORE_INDEX = -100
 REPLACEMENTS = ("80-10-10", "mask")
@@ -131,7 +131,7 @@ class LabeledPositionsLM(torch.nn.Module):
                 causal: bool = False, position_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """Mean fp32 cross-entropy over positions whose label is not -100, plus label/correct counts.
 
-        ``causal=True`` (CLM batches) runs under ``adapt.bidirectional.causal_attention``. A batch
+        ``causal=True`` (CLM batches) runs under ``adapt.model.bidirectional.causal_attention``. A batch
         without labels gives loss 0 that still belongs to the graph (backward works, grads are 0).
         """
         lm = self.causal_lm
@@ -150,7 +150,7 @@ class LabeledPositionsLM(torch.nn.Module):
 
         handle = head.register_forward_pre_hook(only_labeled)
         if causal:
-            from adapt.bidirectional import causal_attention
+            from adapt.model.bidirectional import causal_attention
 
             attention = causal_attention(self.model)
         else:

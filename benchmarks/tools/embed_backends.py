@@ -49,8 +49,8 @@ def main(argv=None) -> dict:
                         help="with --suite: keep the timings in --out, score the suite again (cached embeddings)")
     args = parser.parse_args(argv)
     load_at_start = load_average()
-    from adapt.encoder import load_encoder
-    from adapt.rebuild import export_from_path
+    from adapt.inference.encoder import load_encoder
+    from adapt.pipeline.reexport import export_from_path
 
     reps = args.reps or (2 if args.quick else 3)
     source = args.model or smollm2_encoder(args.workdir)

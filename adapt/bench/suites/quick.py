@@ -32,7 +32,7 @@ import numpy as np
 
 from adapt.bench.tasks import ClassificationTask, ClusteringTask, RetrievalTask, SimilarityTask, Task
 from adapt.errors import DataError
-from adapt.io_utils import atomic_write_text
+from adapt.files import atomic_write_text
 
 VERSION = 1  # bump when a loader changes what it produces, so stale caches are not reused
 SEED = 0

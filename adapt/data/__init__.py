@@ -1,0 +1,1 @@
+"""Training text: the one reader of input files, the packed token store, resumable batches, contrastive pairs."""

@@ -1,0 +1,1 @@
+"""What a command runs: one stage, a chain of stages, convert, re-export from a folder or a checkpoint, classification fine-tuning."""

@@ -1,0 +1,1 @@
+"""The one training loop on Accelerate (checkpoints, exact resume, evaluation, logs)."""
