@@ -70,6 +70,12 @@ class Contrastive(ObjectiveBase):
     example_name = "sentences"  # what the examples are called in messages
     cuts_crops = False  # whether the crops settings (CROP_SETTINGS) shape this stage's examples
 
+    @property
+    def loss_name(self) -> str:
+        """What the training loss is, for the loss plot: InfoNCE (summed over Matryoshka sizes), + keep_source."""
+        return ("InfoNCE" + (" (Matryoshka sum)" if self.c.matryoshka_dims else "")
+                + (" + keep_source" if self.c.keep_source else ""))
+
     def __init__(self, cfg: RunConfig):
         self.cfg, self.kind, self.c = cfg, cfg.kind, cfg.contrastive
         self.batch = cfg.train.batch_size * cfg.train.grad_accum
@@ -80,6 +86,7 @@ class Contrastive(ObjectiveBase):
         self.hidden_size = None
         self._skip_counts: tuple[int, int] | None = None  # sink + (query, document) prompt tokens, counted once
         self.source_causal = True  # keep_source: whether the stage's source attended causally
+        self._parts: dict[str, float] = {}  # keep_source: the last training loss's terms
         self.frozen_source = None  # keep_source under full fine-tuning: the source's weights, frozen
         if not self.cuts_crops:
             check_crop_settings(self.c, "supervised pairs" if self.c.loss == "pairs" else "SimCSE sentences")
@@ -242,8 +249,11 @@ class Contrastive(ObjectiveBase):
             mask = false_negative_mask(torch.tensor(positive_keys, dtype=torch.long, device=dev), keys, targets)
             if self.sizes:
                 loss, per_size = matryoshka_info_nce(queries, docs, targets, self.c.temperature, mask, self.sizes)
-                return loss + keep, per_size[self.sizes[0][0]][1]
-            loss, correct = info_nce(queries, docs, targets, self.c.temperature, mask)
+                correct = per_size[self.sizes[0][0]][1]
+            else:
+                loss, correct = info_nce(queries, docs, targets, self.c.temperature, mask)
+            if source is not None:  # the loss's two terms, logged as loss/infonce and loss/keep_source
+                self._parts = {"infonce": float(loss.detach()), "keep_source": float(keep.detach())}
             return loss + keep, correct
         return fn
 
@@ -265,7 +275,7 @@ class Contrastive(ObjectiveBase):
                                        cache=len(chunks) > 1, no_sync=lambda: acc.no_sync(module),
                                        backward=acc.backward)
         tokens = sum(int(c["attention_mask"].sum()) for c in chunks) * acc.num_processes
-        return StepOutput(loss, tokens, self.c.loss)
+        return StepOutput(loss, tokens, self.c.loss, self._parts if self.c.keep_source else {})
 
     @torch.no_grad()
     def evaluate(self, module, accelerator) -> dict:

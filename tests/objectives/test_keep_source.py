@@ -112,6 +112,12 @@ def test_a_stage_keeping_its_source_trains_otherwise_and_records_it(tiny_model_d
                  if "eval/crops_loss" in r]
         assert evals and all(("eval/source_cka" in r) == bool(keep) for r in evals)
         assert all(0 < r["eval/source_cka"] <= 1 for r in evals if keep)
+        logged = [r for r in map(json.loads, (out / "run" / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+        assert logged and all(r["loss_name"] == ("InfoNCE + keep_source" if keep else "InfoNCE") for r in logged)
+        for r in logged:  # the plot's terms: logged only when there are several, and they add up to the loss
+            assert ("loss/keep_source" in r) == bool(keep)
+            if keep:
+                assert r["loss/infonce"] + r["loss/keep_source"] == pytest.approx(r["loss"], rel=1e-5)
     assert any((runs[0.0][k] - runs[5.0][k]).abs().max() > 1e-6 for k in runs[0.0])  # the term changed training
 
 
