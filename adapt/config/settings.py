@@ -335,7 +335,7 @@ def check_stages(stages) -> list:
 
 
 DEFAULT_KIND = "mlm"
-DEFAULT_PRESET = "default"  # the recipe `adapt convert` runs when given no preset (benchmarks/recipe_study.py chose it)
+DEFAULT_PRESET = "default"  # the recipe `adapt convert` runs when given no preset (benchmarks/studies/recipe_study.py chose it)
 _LEGACY_KINDS = {"simcse": "simcse", "pairs": "contrastive"}  # contrastive.loss of runs saved before `kind`
 
 

@@ -188,7 +188,7 @@ def release_load_memory(model) -> None:
     would keep that whole mapping (every page of it was read to quantize) resident for the life of the
     model: 0.65 GB of RSS for a 0.5B model. Copying those few tensors lets the mapping go. glibc also
     keeps the heap pages the quantization freed; ``malloc_trim`` returns them (measured in
-    benchmarks/train_throughput.py: RSS after a 0.5B QLoRA load 1.54 GB -> 0.86 GB).
+    benchmarks/tools/train_throughput.py: RSS after a 0.5B QLoRA load 1.54 GB -> 0.86 GB).
     """
     for param in model.parameters():
         if param.device.type == "cpu" and type(param).__name__ not in ("Params4bit", "Int8Params"):
@@ -225,7 +225,7 @@ def lean_cpu_malloc(tuning: TuningConfig | None, device_map=None) -> bool:
     have been freed, later ones come from the heap and stay there, counted in RSS. bitsandbytes on the
     CPU makes such blocks for every weight it quantizes while loading and dequantizes for every 4-bit
     matmul while training. A fixed threshold returns them to the OS when freed. Measured in
-    benchmarks/train_throughput.py (0.5B QLoRA, one step): a lower and steadier training peak and
+    benchmarks/tools/train_throughput.py (0.5B QLoRA, one step): a lower and steadier training peak and
     no load spikes (without it, the load's anonymous RSS reached 2.6 GB for a 0.9 GB checkpoint), for a
     slower step. Process-wide, and set
     before the load so that the load benefits; a ``MALLOC_MMAP_THRESHOLD_`` already in the environment

@@ -64,7 +64,7 @@ def build_optimizer(model, train: TrainConfig) -> torch.optim.Optimizer:
               {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
     try:
         # The fused kernel: one pass over all parameters instead of a loop of small ops; about
-        # 10x faster for the optimizer step of a 135M model on CPU (benchmarks/train_throughput.py).
+        # 10x faster for the optimizer step of a 135M model on CPU (benchmarks/tools/train_throughput.py).
         return torch.optim.AdamW(groups, lr=train.lr, fused=True)
     except (RuntimeError, TypeError, ValueError):  # a dtype or device without the fused kernel
         return torch.optim.AdamW(groups, lr=train.lr)
