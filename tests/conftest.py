@@ -36,8 +36,10 @@ def tokenizer():
 
 
 @pytest.fixture
-def tiny_model_dir(tmp_path, tokenizer):
-    """A saved tiny Llama causal LM with its tokenizer (no mask token), as a user's folder would be."""
+def tiny_model_dir(tmp_path):
+    """A saved tiny Llama causal LM with its tokenizer (no mask token), as a user's folder would be. The
+    tokenizer is a fresh one, not the session's: a test that adds a token to that one must not reach this."""
+    tokenizer = tiny_tokenizer()
     model = tiny_decoder("llama", vocab_size=len(tokenizer))
     path = tmp_path / "tiny-llama"
     model.save_pretrained(path)

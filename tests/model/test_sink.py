@@ -135,7 +135,7 @@ def test_a_sparse_stage_refuses_a_sink(tiny_model_dir, tmp_path):
     corpus.write_text(_documents(), encoding="utf-8")
     raw = _cfg(tiny_model_dir, data={"sources": [str(corpus)]}, export={"sink_prompt": "\n"}).to_dict()
     cfg = RunConfig.from_dict({**raw, "kind": "splade", "contrastive": {"loss": "crops"}})
-    with pytest.raises(ConfigError, match="sink_prompt applies to dense encoders"):
+    with pytest.raises(ConfigError, match="export.sink_prompt does not apply to a SPLADE stage"):
         run_stage(cfg, tmp_path / "o", show_progress=False)
     assert not (tmp_path / "o").exists()
 
