@@ -197,9 +197,11 @@ class ContrastiveConfig:
                                   "often ship 0; SimCSE needs some); null: 0.1 for simcse, as the model has for pairs",
                                   None)
     max_length: int = _help("tokens per text while training (prompt included)", 128)
-    mini_batch: int = _help("gradient caching: texts per forward chunk, so a batch larger than memory trains "
+    mini_batch: Any = _help("gradient caching: texts per forward chunk, so a batch larger than memory trains "
                             "exactly as if embedded at once (0: no caching; with train.grad_accum > 1 it "
-                            "defaults to train.batch_size)", 0)
+                            "defaults to train.batch_size) | auto: chosen when the stage starts from the model's "
+                            "shape, max_length and the memory free on the device, no caching where the whole "
+                            "step fits (recorded in the run's summary)", 0)
     hard_negatives: int = _help("pairs: at most this many of a line's negatives go into each batch", 1)
     query_prompt: str = _help("pairs: text put before each query (also exported as the prompt 'query')", "")
     document_prompt: str = _help("pairs: text put before positives and negatives (exported as 'document')", "")
@@ -233,7 +235,8 @@ class ContrastiveConfig:
                f"contrastive.temperature must be in (0, 10], not {self.temperature!r}")
         _check(self.dropout is None or 0 <= self.dropout < 1, "contrastive.dropout must be in [0, 1) or null")
         _check(self.max_length >= 4, "contrastive.max_length must be at least 4")
-        _check(self.mini_batch >= 0, "contrastive.mini_batch must be 0 (off) or a positive number of texts")
+        _check(self.mini_batch == "auto" or type(self.mini_batch) is int and self.mini_batch >= 0,
+               f"contrastive.mini_batch must be 0 (off), a positive number of texts or auto, not {self.mini_batch!r}")
         _check(self.hard_negatives >= 0, "contrastive.hard_negatives must be 0 or more")
         _check(self.min_words >= 1, "contrastive.min_words must be at least 1")
         _check(self.max_texts is None or self.max_texts > 0, "contrastive.max_texts must be positive or null")

@@ -19,6 +19,9 @@
 - Matryoshka (``contrastive.matryoshka_dims: [full, 256, 64]``): the loss is summed over those prefixes
   of the pooled vector, each re-normalized, so the exported encoder can be truncated
   (``SentenceTransformer(DIR, truncate_dim=256)``, ``adapt embed --dim 256``); the sizes go into the export.
+- ``contrastive.mini_batch: auto``: the chunk whose activations fit the device's free memory, from the model's
+  shape and ``max_length``, chosen as the stage starts and recorded in its summary; no caching where the whole
+  step fits or caching is refused (fp16, DeepSpeed: then a warning if the step may not fit).
 - Keeping the source (``contrastive.keep_source: W``): the loss adds ``W x (1 - linear CKA)`` between the batch's
   pooled vectors and the stage's source's (its starting weights, with the attention it had: a causal decoder's
   stays causal; LoRA switches its adapters off, full fine-tuning keeps a frozen copy), so what a linear probe
@@ -41,8 +44,9 @@ from adapt.model.embedding import Embedder, set_dropout, tokenize
 from adapt.errors import ConfigError, DataError
 from adapt.objectives import ObjectiveBase, StageContext, StepOutput
 from adapt.model.loading import load_config
-from adapt.objectives.infonce import (all_gather_rows, contrastive_backward, false_negative_mask, info_nce,
-                                      linear_cka, matryoshka_info_nce, matryoshka_sizes)
+from adapt.objectives.infonce import (all_gather_rows, auto_mini_batch, contrastive_backward, estimate_text_bytes,
+                                      false_negative_mask, free_memory, info_nce, linear_cka, matryoshka_info_nce,
+                                      matryoshka_sizes)
 from adapt.model.pooling import check_sink, prompt_token_count
 from adapt.data.pairs import data_fingerprint, load_pairs, load_sentences, split_eval, text_key
 
@@ -50,8 +54,6 @@ log = logging.getLogger(__name__)
 
 KINDS = {"simcse": {"contrastive": {"loss": "simcse"}}, "contrastive": {"contrastive": {"loss": "pairs"}}}
 CROP_SETTINGS = ("crop_ratio", "query_words", "query_in_document")  # read only where crops are cut
-
-
 def check_crop_settings(c, what: str) -> None:
     """A stage that cuts no crops (SimCSE sentences, supervised pairs) would silently ignore the crops settings:
     an error that names them, so that a user does not believe a setting trained what it did not."""
@@ -79,7 +81,11 @@ class Contrastive(ObjectiveBase):
     def __init__(self, cfg: RunConfig):
         self.cfg, self.kind, self.c = cfg, cfg.kind, cfg.contrastive
         self.batch = cfg.train.batch_size * cfg.train.grad_accum
-        self.mini_batch = self.c.mini_batch or (cfg.train.batch_size if cfg.train.grad_accum > 1 else 0)
+        self.auto = self.c.mini_batch == "auto"  # resolved in prepare(), from the model and the free memory
+        self.auto_record: dict = {}
+        self.mini_batch = (0 if self.auto else self.c.mini_batch) or (
+            cfg.train.batch_size if cfg.train.grad_accum > 1 else 0)
+        self.may_cache = True  # check_launch: False where caching is refused (fp16, DeepSpeed)
         self.dropout = self.c.dropout if self.c.dropout is not None else (0.1 if self.c.loss == "simcse" else None)
         self.train_set = self.eval_set = None
         self.sizes: list[tuple[int, float]] = []  # Matryoshka (size, weight), largest first; [] off
@@ -117,7 +123,8 @@ class Contrastive(ObjectiveBase):
     def check_launch(self, accelerator) -> None:
         from accelerate.utils import DistributedType
 
-        t, caching = self.cfg.train, self.c.mini_batch or self.cfg.train.grad_accum > 1
+        t, caching = self.cfg.train, bool(self.mini_batch)
+        self.may_cache = t.mixed_precision != "fp16" and accelerator.distributed_type != DistributedType.DEEPSPEED
         if t.mixed_precision == "fp16" and caching:
             raise ConfigError("gradient caching (contrastive.mini_batch, train.grad_accum > 1) does not support fp16 "
                               "loss scaling: use train.mixed_precision=bf16 or no")
@@ -161,6 +168,8 @@ class Contrastive(ObjectiveBase):
 
     def prepare(self, ctx: StageContext) -> None:
         self.tokenizer = ctx.tokenizer
+        if self.auto:
+            self.resolve_mini_batch(ctx.model, ctx.accelerator)
         if self.c.keep_source:
             self.source_causal = attends_causally(load_config(self.cfg.model))
             if self.cfg.tuning.method == "full":  # LoRA needs no copy: its adapters switch off
@@ -171,6 +180,43 @@ class Contrastive(ObjectiveBase):
 
     def module(self, model) -> torch.nn.Module:
         return Embedder(model, self.cfg.export.pooling)
+
+    def texts_per_example(self) -> int:
+        """Texts a step embeds per example: a query and its positive (pairs: and at most ``hard_negatives``)."""
+        return 2 + (self.c.hard_negatives if self.c.loss == "pairs" else 0)
+
+    def resolve_mini_batch(self, model, accelerator) -> None:
+        """``contrastive.mini_batch: auto``: the chunk (0: none) whose activations fit the free memory, the same on
+        every process (the smallest); where caching is refused, none, with a warning if the step may not fit."""
+        t, tuning, full = self.cfg.train, self.cfg.tuning, self.cfg.tuning.method == "full"
+        params = list({id(p): p for p in model.parameters()}.values())
+        weights = sum(p.numel() * p.element_size() for p in params)
+        # 16-bit weights keep their norms' values in float32 (0.81 of float32's bytes), autocast some of both
+        wide = t.mixed_precision != "no" or max(p.element_size() for p in params if p.is_floating_point()) > 2
+        element = 4.0 if wide else 3.3
+        per_text = estimate_text_bytes(model.config, max_length=self.c.max_length, element_size=element,
+                                       checkpointing=tuning.gradient_checkpointing, lm_head=self.uses_lm_head)
+        # full: gradients, AdamW's two moments and keep_source's frozen copy; the weights, unless the GPU holds them
+        # already (on the CPU they may still be mapped from their file, unread, and counted free)
+        on_device = accelerator.device.type == "cuda" and params[0].device == accelerator.device
+        fixed = (3 + bool(self.c.keep_source)) * weights * full + (0 if on_device else weights)
+        texts = self.batch * self.texts_per_example()
+        free = free_memory(accelerator.device, accelerator.num_processes if accelerator.device.type == "cpu" else 1)
+        chunk = 0 if free is None else auto_mini_batch(texts=texts, per_text_bytes=per_text, free_bytes=free,
+                                                       fixed_bytes=fixed)
+        if accelerator.num_processes > 1:  # every process cuts as many chunks (FSDP gathers weights per forward)
+            chunk = int(accelerator.gather(torch.tensor([chunk or texts], device=accelerator.device)).min())
+            chunk = 0 if chunk >= texts else chunk
+        if chunk and not self.may_cache:
+            log.warning("contrastive.mini_batch auto: %d texts a step may not fit in %.1f GiB, and gradient caching "
+                        "is refused here (fp16 or DeepSpeed): lower train.batch_size or contrastive.max_length",
+                        texts, (free or 0) / 2**30)
+            chunk = 0
+        self.mini_batch = chunk or self.mini_batch  # grad_accum > 1 caches at batch_size when all would fit
+        self.auto_record = {"free_gib": None if free is None else round(free / 2**30, 1), "texts_per_step": texts,
+                            "estimated_gib_per_text": round(per_text / 2**30, 3), "chose": self.mini_batch}
+        log.info("contrastive.mini_batch auto: %s (%d texts a step, about %.2f GiB each, %s GiB free)",
+                 self.mini_batch or "no gradient caching", texts, per_text / 2**30, self.auto_record["free_gib"])
 
     # ---- batches --------------------------------------------------------------------------
     def texts(self, examples) -> tuple[list[str], int, list[int], list[int]]:
@@ -339,6 +385,7 @@ class Contrastive(ObjectiveBase):
         c = self.c
         return {"loss": c.loss, "temperature": c.temperature, "dropout": self.dropout,
                 "pooling": self.cfg.export.pooling, "batch_per_process": self.batch, "mini_batch": self.mini_batch,
+                **({"mini_batch_auto": self.auto_record} if self.auto_record else {}),
                 "data": self.counts, "train_examples": len(self.train_set), "eval_examples": len(self.eval_set),
                 **({"matryoshka_dims": self.matryoshka_dims()} if self.sizes else {}),
                 **({"keep_source": c.keep_source, "source_attention": "causal" if self.source_causal else

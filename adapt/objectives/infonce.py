@@ -14,6 +14,8 @@ loop knows nothing of them:
   in chunks, take the loss and its gradient w.r.t. the embeddings, then re-embed chunk by chunk with
   grad under the replayed RNG state (same dropout masks) and backpropagate the cached gradient, so a
   batch larger than memory trains exactly as if embedded at once.
+- :func:`auto_mini_batch` (``contrastive.mini_batch: auto``): how many texts a chunk holds, from
+  :func:`estimate_text_bytes` (a text's training memory, from the model's shape) and :func:`free_memory`.
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ import contextlib
 
 import torch
 import torch.nn.functional as F
+
+from adapt.model.families import num_experts
 
 
 def info_nce(queries: torch.Tensor, docs: torch.Tensor, targets: torch.Tensor, temperature: float,
@@ -182,3 +186,49 @@ def contrastive_backward(embed, chunks: list[dict], loss_fn, *, cache: bool, no_
     return loss.detach(), extra
 
 
+# ------------------------------------------------------------------- how many texts a chunk holds
+
+MEMORY_SHARE = 0.75  # mini_batch auto: the share of the free memory a step's activations may take
+# peak RSS a text adds over the values its forward saves (backward's transients, allocator slack): measured 2.1 on
+# SmolLM2-135M and 1.7 on a Llama-3.2-1B shape at 128 tokens (benchmarks/results/default_preset_memory.md)
+ACTIVATION_FACTOR = 2.2
+
+
+def estimate_text_bytes(config, *, max_length: int, element_size: float, checkpointing: bool = False,
+                        lm_head: bool = False) -> int:
+    """Bytes a text of ``max_length`` tokens holds from a training forward to its backward (x ACTIVATION_FACTOR): a
+    layer saves about 15 x hidden + 5 x MLP width values a token under LoRA (counted with saved-tensor hooks on Llama
+    shapes), + 2 x heads x length under eager attention; gradient checkpointing keeps each layer's input and one
+    layer's values; ``lm_head`` (SPLADE) adds the vocabulary's logits."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    hidden, layers = int(text.hidden_size), int(text.num_hidden_layers)
+    width = int(getattr(text, "moe_intermediate_size", None) or getattr(text, "intermediate_size", None) or 4 * hidden)
+    if num_experts(text):
+        width *= int(getattr(text, "num_experts_per_tok", None) or 2)
+    per_layer = 15 * hidden + 5 * width
+    if getattr(text, "_attn_implementation", None) == "eager":
+        per_layer += 2 * int(text.num_attention_heads) * max_length
+    per_token = layers * hidden + per_layer if checkpointing else layers * per_layer
+    if lm_head:
+        per_token += 3 * int(text.vocab_size)
+    return int(max_length * per_token * element_size * ACTIVATION_FACTOR)
+
+
+def auto_mini_batch(*, texts: int, per_text_bytes: int, free_bytes: int, fixed_bytes: int = 0) -> int:
+    """``contrastive.mini_batch: auto``: 0 (no caching) when ``texts`` fit in :data:`MEMORY_SHARE` of
+    ``free_bytes`` besides ``fixed_bytes``, else the largest power of two of texts that does (at least 1)."""
+    fits = max(int((MEMORY_SHARE * free_bytes - fixed_bytes) // max(per_text_bytes, 1)), 0)
+    if fits >= texts:
+        return 0
+    return 1 << max(fits, 1).bit_length() - 1
+
+
+def free_memory(device, processes: int = 1) -> int | None:
+    """Bytes free on ``device``: the GPU's, else the available RAM shared by ``processes``; None if unknown."""
+    if getattr(device, "type", str(device)) == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return int(psutil.virtual_memory().available // max(processes, 1))

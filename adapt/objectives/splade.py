@@ -271,8 +271,8 @@ class Splade(Crops):
                 "lambda_warmup_steps": self.warmup_steps, "top_k": s.top_k, "term_bias": s.term_bias,
                 "queries": s.queries, "own_terms": s.own_terms,
                 "init_active_terms": s.init_active_terms if s.term_bias else None, "batch_per_process": self.batch,
-                "mini_batch": self.mini_batch, "data": self.counts, "train_examples": len(self.train_set),
-                "eval_examples": len(self.eval_set)}
+                "mini_batch": self.mini_batch, **({"mini_batch_auto": self.auto_record} if self.auto_record else {}),
+                "data": self.counts, "train_examples": len(self.train_set), "eval_examples": len(self.eval_set)}
 
     def export_prompts(self) -> dict:
         c = self.c
