@@ -212,8 +212,8 @@ class Splade(Crops):
                 floor = (own * (1 - pooled).relu()).sum(dim=1) / own.sum(dim=1).clamp_min(1e-6)
                 loss = loss + self.s.own_terms * floor.mean()
             regularizer = lambda_d * flops(docs) + (0.0 if self.idf_queries else lambda_q * flops(queries))
-            self._parts = {"ranking": float(ranking), "flops": float(regularizer),
-                           **({"own_terms": float(loss - ranking)} if self.s.own_terms else {})}
+            self._parts = {"ranking": float(ranking), "flops": float(torch.as_tensor(regularizer).detach()),
+                           **({"own_terms": float(loss.detach() - ranking)} if self.s.own_terms else {})}
             return loss + regularizer, correct
         return fn
 
