@@ -194,8 +194,11 @@ def _prompts(items):
 @click.option("--backend", type=click.Choice(["torch", "onnx", "openvino"]), default="torch", show_default=True,
               help="Also write an ONNX or OpenVINO graph (SentenceTransformer(DIR, backend=...)); checked: probe and "
               "cosine vs torch.")
-@click.option("--quantize", type=click.Choice(["int8", "int8-weights"]), help="int8: ONNX dynamic int8 (fastest), "
-              "OpenVINO int8 weights; int8-weights: int8 weights only (ONNX: slower, closer to fp32).")
+@click.option("--quantize", type=click.Choice(["int8", "int8-weights"]), help="int8: ONNX int8 weights and per-token "
+              "int8 activations, outlier channels smoothed, the first MatMuls kept in float32 where needed (fastest); "
+              "OpenVINO int8 weights. int8-weights: int8 weights only (ONNX MatMulNBits: slower). The int8 floor: a "
+              "graph whose vectors fall below cosine 0.95 to the torch encoder's on any check text is refused and "
+              "nothing is written (then use int8-weights or no --quantize).")
 @click.option("--kind", type=click.Choice(["dense", "sparse"]), help="dense: an embedding encoder; sparse: a SPLADE "
               "SparseEncoder of the LM head the run trained (default: as SOURCE was exported).")
 @click.option("--top-k", type=int, help="Sparse: keep each vector's K largest term weights (implies --kind sparse).")

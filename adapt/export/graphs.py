@@ -5,8 +5,9 @@ the graph :mod:`adapt.inference.graph_model` describes. The graph takes ``input_
 the tokenizer gives: positions of absolute-position families such as GPT-2 are computed inside it)
 and returns ``last_hidden_state``; pooling and normalization stay in the folder's sentence-transformers
 modules. It is traced by ``torch.onnx.export`` (the torch.export path, dynamic batch and length) from
-the folder's own weights; ``int8`` is onnxruntime's dynamic quantization (int8 weights, activations
-quantized per batch) or NNCF's int8 weight compression for OpenVINO; OpenVINO reads the ONNX graph.
+the folder's own weights; ``int8`` is, for ONNX, int8 weights with int8 activations quantized per token
+(:mod:`adapt.export.int8`: outlier channels smoothed, the first MatMuls kept in float32 where needed) or,
+for OpenVINO, NNCF's int8 weight compression; OpenVINO reads the ONNX graph.
 
 Why not optimum's exporters: optimum-onnx 0.1.0 needs transformers < 4.58 and optimum-intel 2.2.0
 < 5.6, while adapt supports transformers 5.5.1 to 5.x. The files are those optimum loads, though:
@@ -17,8 +18,9 @@ optimum-intel installs (verified with transformers 5.5.4, optimum-intel 2.2.0, s
 Every export checks itself before it is moved into place (``adapt_export.json`` last): the probe
 runs on the exported graph (a late token must change the first token's output, with and without
 padding), and its vectors are compared with the torch encoder's: fp32 must reach a cosine of
-0.9999 on every text; int8 reports its smallest and mean cosine. A family whose graph cannot be
-traced is refused with its name.
+0.9999 on every text; int8 and int8-weights at least ``INT8_MIN_COSINE`` (0.95, the int8 floor), and
+the record keeps the smallest and mean cosine. A graph below its floor is refused, and nothing of it is
+left in the folder. A family whose graph cannot be traced is refused with its name.
 """
 from __future__ import annotations
 
@@ -42,13 +44,16 @@ from adapt.inference.encoder import backend_encoder, load_encoder
 from adapt.export.dense import MANIFEST, render_card
 from adapt.files import atomic_write_json, atomic_write_text, read_json
 
-# int8: ONNX dynamic int8 (weights and, per batch, activations: fastest), OpenVINO int8 weights;
-# int8-weights: int8 weights only (ONNX MatMulNBits, blocks of 32), slower but closer to fp32 on decoders
+# int8: ONNX int8 weights and per-token int8 activations (adapt.export.int8: fastest), OpenVINO int8 weights;
+# int8-weights: int8 weights only (ONNX MatMulNBits, blocks of 32), slower
 QUANTIZE = (None, "int8", "int8-weights")
 # TorchScript tracing is 5-10x faster here and traced every tiny family; torch.export is the fallback
 # (under transformers 5.5.4 the TorchScript trace of the SDPA mask fails: IndexError in masking_utils.sdpa_mask)
 EXPORTERS = ("torchscript", "dynamo")
 FP32_MIN_COSINE = 0.9999
+# the int8 floor: a quantized graph (either backend, int8 or int8-weights) whose vectors fall below this cosine
+# to the torch encoder's on any of CHECK_TEXTS is refused (--quantize documents it)
+INT8_MIN_COSINE = 0.95
 CHECK_TEXTS = ["The quick brown fox jumps over the lazy dog.", "An encoder reads the whole sentence at once.",
                "Retrieval", "", "Masked language modeling hides some tokens and asks the model to predict them. " * 3,
                "Stock markets fell sharply on Monday after the central bank raised interest rates again.",
@@ -111,21 +116,17 @@ def _export_onnx(model_dir: Path, path: Path) -> str:
                          f"({'; '.join(errors)}); use the torch backend for this model")
 
 
-def _quantize_onnx(src: Path, dst: Path, quantize: str) -> None:
+def _quantize_onnx_weights(src: Path, dst: Path) -> None:
+    """int8-weights: MatMulNBits, 8 bits in blocks of 32 (activations stay float32)."""
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
     root = logging.getLogger()
-    level, root.level = root.level, max(root.level, logging.ERROR)  # its "pre-process first" hint
+    level, root.level = root.level, max(root.level, logging.ERROR)  # its "pre-process first" hint, its per-node lines
     try:
-        if quantize == "int8-weights":
-            import onnx
-            from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-
-            quantizer = MatMulNBitsQuantizer(onnx.load(str(src)), bits=8, block_size=32, is_symmetric=True)
-            quantizer.process()
-            quantizer.model.save_model_to_file(str(dst), use_external_data_format=False)
-        else:
-            from onnxruntime.quantization import QuantType, quantize_dynamic
-
-            quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True)
+        quantizer = MatMulNBitsQuantizer(onnx.load(str(src)), bits=8, block_size=32, is_symmetric=True)
+        quantizer.process()
+        quantizer.model.save_model_to_file(str(dst), use_external_data_format=False)
     finally:
         root.level = level
 
@@ -153,17 +154,53 @@ def check_backend(folder: Path, graph: Path, backend: str, quantize: str | None,
         raise NotBidirectionalError(f"the {backend} export of the '{family}' model is causal: changing the last "
                                     f"token moved the first token's output by {report.unpadded:.2g} (unpadded), "
                                     f"{report.right_padded:.2g} (right padding); refusing to write it")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        expected = torch_encoder.encode(CHECK_TEXTS, batch_size=3)
-        got = encoder.encode(CHECK_TEXTS, batch_size=3)
-    cos = (expected * got).sum(1) / np.linalg.norm(expected, axis=1) / np.linalg.norm(got, axis=1)
+    cos = _parity(torch_encoder, encoder, CHECK_TEXTS)
+    worst = int(cos.argmin())
     parity = {"texts": len(CHECK_TEXTS), "min_cosine": round(float(cos.min()), 6),
               "mean_cosine": round(float(cos.mean()), 6)}
     if quantize is None and parity["min_cosine"] < FP32_MIN_COSINE:
         raise ModelLoadError(f"the {backend} export of the '{family}' model disagrees with the torch encoder: "
                              f"min cosine {parity['min_cosine']} < {FP32_MIN_COSINE}; refusing to write it")
+    if quantize and parity["min_cosine"] < INT8_MIN_COSINE:
+        other = "--quantize int8-weights or " if quantize == "int8" and backend == "onnx" else ""
+        raise ModelLoadError(f"the {backend} {quantize} export of the '{family}' model is too far from the torch "
+                             f"encoder: min cosine {parity['min_cosine']} (on {CHECK_TEXTS[worst][:40]!r}) is below "
+                             f"the int8 floor of {INT8_MIN_COSINE}; nothing was written. Export it with {other}"
+                             f"no --quantize (float32, the same vectors)")
     return {"probe": report.to_dict(), "parity": parity}
+
+
+def cosines(expected: np.ndarray, got: np.ndarray) -> np.ndarray:
+    """Row-wise cosines; two zero vectors agree (1: an empty text under a sink prompt pools nothing), one: 0."""
+    norms = np.linalg.norm(expected, axis=1) * np.linalg.norm(got, axis=1)
+    both_zero = ~expected.any(1) & ~got.any(1)
+    cos = (expected * got).sum(1) / np.where(norms > 0, norms, 1)
+    return np.where(norms > 0, cos, np.where(both_zero, 1.0, 0.0))
+
+
+def _parity(torch_encoder, encoder, texts: list[str]) -> np.ndarray:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = torch_encoder.encode(texts, batch_size=3)
+        got = encoder.encode(texts, batch_size=3)
+    return np.nan_to_num(cosines(expected, got), nan=-1.0)  # a NaN vector fails any floor
+
+
+def _int8_onnx(folder: Path, src: Path, dst: Path, torch_encoder) -> dict:
+    """ONNX int8 (:mod:`adapt.export.int8`), calibrated and searched on its calibration texts and the check
+    texts (the floor applies to those) as this encoder tokenizes them, prompt included."""
+    from adapt.export.int8 import CALIBRATION_TEXTS, quantize_int8
+
+    texts = CALIBRATION_TEXTS + CHECK_TEXTS
+    ids, _ = torch_encoder.tokenize([t for t in texts if t], prompt=torch_encoder.resolve_prompt())
+    feeds = [{"input_ids": np.array([row], np.int64), "attention_mask": np.ones((1, len(row)), np.int64)}
+             for row in ids if row]
+
+    def measure(graph: Path) -> float:
+        encoder = backend_encoder(folder, torch_encoder, BackendModel(graph, "onnx", torch_encoder.model.config))
+        return float(_parity(torch_encoder, encoder, texts).min())
+
+    return quantize_int8(src, dst, feeds, measure)
 
 
 def add_backend(folder, backend: str, quantize: str | None = None, *, name: str | None = None) -> dict:
@@ -184,21 +221,24 @@ def add_backend(folder, backend: str, quantize: str | None = None, *, name: str 
         raise ModelLoadError(f"{folder} is not an encoder adapt exported (no {MANIFEST})")
     torch_encoder = load_encoder(folder, backend="torch", dtype="float32", device="cpu")
     scratch = Path(tempfile.mkdtemp(prefix=".backend.", dir=folder))
+    int8 = None
     try:
         onnx_fp32 = scratch / "fp32" / "model.onnx"
         exporter = _export_onnx(folder, onnx_fp32)
         graph = scratch / GRAPH_FILES[backend]
         if backend == "onnx":
             graph.parent.mkdir(parents=True, exist_ok=True)
-            if quantize:
-                _quantize_onnx(onnx_fp32, graph, quantize)
+            if quantize == "int8":
+                int8 = _int8_onnx(folder, onnx_fp32, graph, torch_encoder)
+            elif quantize:
+                _quantize_onnx_weights(onnx_fp32, graph)
             else:
                 for item in onnx_fp32.parent.iterdir():
                     os.replace(item, graph.parent / item.name)
         else:
             _to_openvino(onnx_fp32, graph, quantize)
         record = {"name": backend, "file": GRAPH_FILES[backend], "quantize": quantize, "exporter": exporter,
-                  **check_backend(folder, graph, backend, quantize, torch_encoder)}
+                  **check_backend(folder, graph, backend, quantize, torch_encoder), **({"int8": int8} if int8 else {})}
         subdir = GRAPH_FILES[backend].split("/")[0]
         for old in GRAPH_FILES.values():  # one backend per folder: the one adapt embed runs
             _remove(folder / old.split("/")[0])

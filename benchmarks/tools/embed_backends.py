@@ -13,6 +13,14 @@ then scores torch fp32 and each graph on that ``adapt bench`` suite (no cache) a
 change against torch fp32 with its paired-bootstrap p-value (the issue's target: int8 within 0.01).
 Results go to ``benchmarks/results/embed_backends.json`` and ``.md``.
 
+The row ``onnx int8 (plain dynamic, before)`` is the ONNX int8 adapt wrote before issue 32 (onnxruntime's
+``quantize_dynamic``: one activation scale per batch), made by this script from the fp32 graph since the
+export's int8 floor now refuses it (``--no-plain`` leaves it out); ``texts < 0.95`` counts the texts under
+that floor. The issue's before/after run (the demo preset stopped at 40 of its 116 steps, D below):
+
+    adapt convert --preset demo -o D --max-steps 40
+    python -m benchmarks.tools.embed_backends --model D --quick
+
     python -m benchmarks.tools.embed_backends --model runs/recipe-study/mlm40+simcse-s0 --reps 3 --suite quick
 """
 from __future__ import annotations
@@ -28,7 +36,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.common import RESULTS, PeakRSS, cpu_model, lee_texts, load_average, smollm2_encoder, timed
+from benchmarks.common import (RESULTS, PeakRSS, command_line, cpu_model, lee_texts, load_average, relative,
+                               smollm2_encoder, timed)
+
+PLAIN = "onnx int8 (plain dynamic, before)"
+FLOOR = 0.95  # adapt.export.graphs.INT8_MIN_COSINE, the int8 floor: texts below it are counted
 
 
 def cosines(a, b):
@@ -42,6 +54,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--reps", type=int)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--fp32-graphs", action="store_true", help="also time the fp32 ONNX and OpenVINO graphs")
+    parser.add_argument("--no-plain", action="store_true",
+                        help=f"leave out the row '{PLAIN}' (the ONNX int8 of adapt before issue 32)")
+    parser.add_argument("--texts", type=int, help="only the first N texts (after the shuffle)")
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "adapt-bench")
     parser.add_argument("--out", type=Path, default=RESULTS / "embed_backends.json")
     parser.add_argument("--suite", help="also score every backend on this adapt bench suite (e.g. quick)")
@@ -61,19 +76,24 @@ def main(argv=None) -> dict:
         result["suite"] = suite_scores(source, folders, args.suite, args.workdir, args.batch_size)
         write_results(result, args.out)
         return result
-    texts = lee_texts(args.quick)
+    texts = lee_texts(args.quick)[:args.texts]
     variants = [("onnx", "int8"), ("openvino", "int8")] + ([("onnx", None), ("openvino", None)] if args.fp32_graphs else [])
-    folders, export_seconds = {}, {}
+    folders, export_seconds, records = {}, {}, {}
     for backend, quantize in variants:
         name = f"{backend} {quantize or 'fp32'}"
         folder = args.workdir / f"{Path(source).name}-{backend}-{quantize or 'fp32'}"
-        if not (folder / "adapt_export.json").is_file() or \
-                json.loads((folder / "adapt_export.json").read_text()).get("backend", {}).get("quantize") != quantize:
-            start = time.perf_counter()
+        record = json.loads((folder / "adapt_export.json").read_text()).get("backend", {}) \
+            if (folder / "adapt_export.json").is_file() else {}
+        if record.get("quantize") != quantize or ((backend, quantize) == ("onnx", "int8") and "int8" not in record):
+            start = time.perf_counter()  # (an onnx int8 folder without the int8 record is the old quantizer's)
             export_from_path(source, folder, backend=backend, quantize=quantize)
             export_seconds[name] = round(time.perf_counter() - start, 1)
             print(f"exported {name} in {export_seconds[name]} s", flush=True)
         folders[name] = folder
+        records[name] = json.loads((folder / "adapt_export.json").read_text())["backend"]
+    if not args.no_plain:  # the int8 adapt wrote before (issue 32): onnxruntime's quantize_dynamic, unchecked
+        folders[PLAIN] = plain_dynamic(source, args.workdir, export_from_path)
+        records[PLAIN] = json.loads((folders[PLAIN] / "adapt_export.json").read_text())["backend"]
     encoders, load_mb = {}, {}
     with PeakRSS() as mem:
         encoders["torch fp32"] = load_encoder(source, backend="torch", dtype="float32", device="cpu")
@@ -94,10 +114,11 @@ def main(argv=None) -> dict:
             peaks[name].append(added)
             print(f"rep {rep + 1}/{reps} {name}: {seconds:.2f} s, {len(texts) / seconds:.1f} texts/s", flush=True)
     base = vectors["torch fp32"]
-    result = {"model": str(source), "texts": len(texts), "tokens": tokens, "batch_size": args.batch_size, "reps": reps,
+    result = {"command": command_line("benchmarks.tools.embed_backends", argv), "model": str(source), "texts": len(texts), "tokens": tokens, "batch_size": args.batch_size, "reps": reps,
               "quick": args.quick, "torch_threads": torch.get_num_threads(), "cpu": cpu_model(),
               "load_average_at_start": load_at_start, "load_average_at_end": load_average(),
-              "export_seconds": export_seconds, "methods": {}}
+              "export_seconds": export_seconds, "exports": {k: {"check": v.get("parity"), "int8": v.get("int8")}
+                                                            for k, v in records.items()}, "methods": {}}
     for name in encoders:
         seconds = statistics.median(times[name])
         cos = cosines(base, vectors[name])
@@ -106,7 +127,8 @@ def main(argv=None) -> dict:
             "tokens_per_s": round(tokens / seconds, 1), "peak_added_mb": round(max(peaks[name]), 1),
             "load_added_mb": load_mb[name], "all_seconds": [round(t, 3) for t in times[name]],
             "min_cosine_vs_torch": round(float(cos.min()), 6), "mean_cosine_vs_torch": round(float(cos.mean()), 6),
-            "speedup_vs_torch": round(statistics.median(times["torch fp32"]) / seconds, 2)}
+            "speedup_vs_torch": round(statistics.median(times["torch fp32"]) / seconds, 2),
+            "texts_below_floor": int((cos < FLOOR).sum()), "worst_text": texts[int(cos.argmin())][:80]}
     write_results(result, args.out)  # the timings are kept even if the suite run fails
     if args.suite:
         del encoders, vectors
@@ -116,6 +138,27 @@ def main(argv=None) -> dict:
         print(f"{name:15s} {m['texts_per_s']:8.2f} texts/s {m['tokens_per_s']:9.1f} tokens/s  x{m['speedup_vs_torch']:.2f}"
               f"  cos min {m['min_cosine_vs_torch']:.4f} mean {m['mean_cosine_vs_torch']:.4f}  peak +{m['peak_added_mb']:.0f} MB")
     return result
+
+
+def plain_dynamic(source: Path, workdir: Path, export_from_path) -> Path:
+    """The ONNX int8 adapt wrote before issue 32 (onnxruntime's quantize_dynamic: int8 weights per channel, one
+    activation scale per batch), made here from an fp32 ONNX export, since the export now refuses it."""
+    import shutil
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    fp32 = workdir / f"{Path(source).name}-onnx-fp32"
+    if not (fp32 / "onnx" / "model.onnx").is_file():
+        export_from_path(source, fp32, backend="onnx")
+    folder = workdir / f"{Path(source).name}-onnx-int8-plain-dynamic"
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(fp32, folder, ignore=shutil.ignore_patterns("model.onnx*"))
+    quantize_dynamic(str(fp32 / "onnx" / "model.onnx"), str(folder / "onnx" / "model.onnx"),
+                     weight_type=QuantType.QInt8, per_channel=True)
+    manifest = json.loads((folder / "adapt_export.json").read_text())
+    manifest["backend"].update(quantize="int8", parity=None)  # not checked: the floor would refuse it
+    (folder / "adapt_export.json").write_text(json.dumps(manifest, indent=2))
+    return folder
 
 
 def suite_scores(source: Path, folders: dict[str, Path], suite: str, workdir: Path, batch_size: int) -> dict:
@@ -142,19 +185,26 @@ def suite_scores(source: Path, folders: dict[str, Path], suite: str, workdir: Pa
 
 def write_results(result: dict, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out.write_text(relative(json.dumps(result, indent=2)) + "\n")
     r = result
     lines = ["# Embedding backends: ONNX / OpenVINO int8 vs torch fp32", "",
              f"Model `{r['model']}`, {r['texts']} texts ({r['tokens']} tokens), batch size {r['batch_size']}, "
              f"{r['torch_threads']} threads, {r['reps']} interleaved repetitions (median){' (quick)' if r['quick'] else ''}; "
              f"load average (1, 5, 15 min) at the start {', '.join(f'{x:.1f}' for x in r['load_average_at_start'])}, "
              f"at the end {', '.join(f'{x:.1f}' for x in r['load_average_at_end'])}, on {os.cpu_count()} cores.", "",
-             "| backend | texts/s | tokens/s | vs torch fp32 | min cosine | mean cosine | peak added MB (run) | "
-             "added MB (load) | runs, s |", "|---|---|---|---|---|---|---|---|---|"]
+             "| backend | texts/s | tokens/s | vs torch fp32 | min cosine | mean cosine | texts < 0.95 | "
+             "peak added MB (run) | added MB (load) | runs, s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, m in r["methods"].items():
         lines.append(f"| {name} | {m['texts_per_s']} | {m['tokens_per_s']} | {m['speedup_vs_torch']}x | "
-                     f"{m['min_cosine_vs_torch']} | {m['mean_cosine_vs_torch']} | {m['peak_added_mb']} | "
-                     f"{m['load_added_mb']} | {', '.join(map(str, m['all_seconds']))} |")
+                     f"{m['min_cosine_vs_torch']} | {m['mean_cosine_vs_torch']} | {m.get('texts_below_floor', '')} | "
+                     f"{m['peak_added_mb']} | {m['load_added_mb']} | {', '.join(map(str, m['all_seconds']))} |")
+    if r.get("command"):
+        lines += ["", f"Command: `{r['command']}`"]
+    for name, e in r.get("exports", {}).items():
+        check = e.get("check") or {}
+        lines += [f"- {name}: the export's check {'min ' + str(check.get('min_cosine')) + ' mean ' + str(check.get('mean_cosine')) if check else 'none (not written by adapt export)'}"
+                  + (f"; int8 MatMuls {e['int8']['int8_matmuls']}, kept in float32 {e['int8']['float_matmuls']}, "
+                     f"search (min cosine by float MatMuls) {e['int8']['tried']}" if e.get("int8") else "")]
     if r["export_seconds"]:
         lines += ["", "Export (adapt export --backend, checks included): " +
                   ", ".join(f"{k} {v} s" for k, v in r["export_seconds"].items())]
