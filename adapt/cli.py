@@ -23,6 +23,7 @@ from pathlib import Path
 import click
 
 from adapt import __version__
+from adapt.export import backends, kinds
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -191,7 +192,7 @@ def _prompts(items):
 @click.option("--max-seq-length", type=int, help="Encoder max sequence length.")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), help="Saved dtype.")
 @click.option("--prompt", "prompts", multiple=True, metavar="NAME=TEXT", help="Named prompt, e.g. query='query: '.")
-@click.option("--backend", type=click.Choice(["torch", "onnx", "openvino"]), default="torch", show_default=True,
+@click.option("--backend", type=click.Choice(backends.names()), default=backends.TORCH, show_default=True,
               help="Also write an ONNX or OpenVINO graph (SentenceTransformer(DIR, backend=...)); checked: probe and "
               "cosine vs torch.")
 @click.option("--quantize", type=click.Choice(["int8", "int8-weights"]), help="int8: ONNX int8 weights and per-token "
@@ -199,8 +200,7 @@ def _prompts(items):
               "OpenVINO int8 weights. int8-weights: int8 weights only (ONNX MatMulNBits: slower). The int8 floor: a "
               "graph whose vectors fall below cosine 0.95 to the torch encoder's on any check text is refused and "
               "nothing is written (then use int8-weights or no --quantize).")
-@click.option("--kind", type=click.Choice(["dense", "sparse"]), help="dense: an embedding encoder; sparse: a SPLADE "
-              "SparseEncoder of the LM head the run trained (default: as SOURCE was exported).")
+@click.option("--kind", type=click.Choice(kinds.names()), help=f"{kinds.help_text()} (default: as SOURCE was exported).")
 @click.option("--top-k", type=int, help="Sparse: keep each vector's K largest term weights (implies --kind sparse).")
 @click.option("--order-dims", type=click.Choice(["pca", "none"]), help="pca: dimensions in principal order (an "
               "orthogonal Dense layer fitted on --data: full-size similarities unchanged, any prefix a good "
@@ -217,13 +217,13 @@ def export(source, out, pooling, normalize, max_seq_length, dtype, prompts, back
     from adapt.pipeline.reexport import export_from_path
 
     _no_bitsandbytes()  # --quantize is ONNX/OpenVINO int8, not bitsandbytes
-    if quantize and backend == "torch":
-        raise click.UsageError("--quantize needs --backend onnx or openvino")
+    if quantize and backend == backends.TORCH:
+        raise click.UsageError(f"--quantize needs --backend {' or '.join(backends.graph_backends())}")
     path = export_from_path(source, out, pooling=pooling, normalize=normalize, max_seq_length=max_seq_length,
                             prompts=_prompts(prompts), dtype=dtype, backend=backend, quantize=quantize, kind=kind,
                             top_k=top_k, order_dims=order_dims, data=list(data) or None)
     click.echo(f"exported {source} -> {path} (probe: bidirectional)")
-    if backend != "torch":
+    if backend != backends.TORCH:
         from adapt.inference.graph_model import folder_backend
         from adapt.export.graphs import describe
 
@@ -247,7 +247,7 @@ def export(source, out, pooling, normalize, max_seq_length, dtype, prompts, back
               "with contrastive.matryoshka_dims: its model card lists the sizes).")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto", show_default=True)
 @click.option("--device", help="cpu, cuda, cuda:1, mps (default: best available; one GPU per process).")
-@click.option("--backend", type=click.Choice(["torch", "onnx", "openvino"]), help="Default: the graph ENCODER holds "
+@click.option("--backend", type=click.Choice(backends.names()), help="Default: the graph ENCODER holds "
               "(adapt export --backend), else torch.")
 @click.option("--shards", is_flag=True, help="Resumable: -o FILE is merged from shards in FILE.shards/ (always so "
               "under torchrun / accelerate launch, and with -o DIR/).")

@@ -330,12 +330,7 @@ def build_token_store(sources, tokenizer, store_dir, *, seq_len: int, text_field
     least two blocks exist, at least one is held out. ``max_tokens`` caps the tokens kept (whole
     blocks). ``eval_fraction=0`` holds nothing out. ``seed`` only shifts which blocks are held out.
     """
-    if not isinstance(seq_len, int) or seq_len < 2:
-        raise DataError(f"seq_len must be an integer >= 2, not {seq_len!r}.")
-    if not 0 <= eval_fraction <= 0.5:
-        raise DataError(f"eval_fraction must be in [0, 0.5], not {eval_fraction!r}.")
-    if max_tokens is not None and max_tokens < seq_len:
-        raise DataError(f"max_tokens ({max_tokens}) is smaller than one block of seq_len={seq_len}.")
+    _check_store_args(seq_len, eval_fraction, max_tokens)
     store_dir = Path(store_dir)
     resolved = resolve_sources(sources)
     separator = _separator_id(tokenizer)
@@ -352,19 +347,54 @@ def build_token_store(sources, tokenizer, store_dir, *, seq_len: int, text_field
 
     store_dir.mkdir(parents=True, exist_ok=True)
     (store_dir / "meta.json").unlink(missing_ok=True)  # the store is invalid until meta.json is rewritten
-    every = max(2, round(1 / eval_fraction)) if eval_fraction > 0 else 0
-    max_blocks = max_tokens // seq_len if max_tokens else None
     tmp = {name: store_dir / f".{name}.npy.{os.getpid()}.tmp" for name in ("train", "eval")}
     writers = {name: _BlockWriter(path, seq_len) for name, path in tmp.items()}
+    try:
+        counts = _pack_blocks(iter_documents(resolved, text_field=text_field, hub_split=hub_split), tokenizer,
+                              writers, separator=separator, seq_len=seq_len, eval_fraction=eval_fraction,
+                              max_tokens=max_tokens, seed=seed, show_progress=show_progress)
+        _finish_splits(writers, held_out=eval_fraction > 0)
+        for name, path in tmp.items():
+            os.replace(path, store_dir / f"{name}.npy")
+    finally:
+        for name, writer in writers.items():
+            if not writer.file.closed:
+                writer.file.close()
+            tmp[name].unlink(missing_ok=True)
+
+    meta = {"fingerprint": fingerprint, "train_blocks": writers["train"].rows, "eval_blocks": writers["eval"].rows,
+            "seq_len": seq_len, "num_tokens": counts["blocks"] * seq_len, "documents": counts["documents"],
+            "tokens_seen": counts["tokens_seen"], "inputs": inputs}
+    atomic_write_json(store_dir / "meta.json", meta)
+    log.info("token store %s: %d train + %d eval blocks of %d tokens from %d documents", store_dir,
+             meta["train_blocks"], meta["eval_blocks"], seq_len, counts["documents"])
+    return TokenStore.open(store_dir)
+
+
+def _check_store_args(seq_len, eval_fraction, max_tokens) -> None:
+    if not isinstance(seq_len, int) or seq_len < 2:
+        raise DataError(f"seq_len must be an integer >= 2, not {seq_len!r}.")
+    if not 0 <= eval_fraction <= 0.5:
+        raise DataError(f"eval_fraction must be in [0, 0.5], not {eval_fraction!r}.")
+    if max_tokens is not None and max_tokens < seq_len:
+        raise DataError(f"max_tokens ({max_tokens}) is smaller than one block of seq_len={seq_len}.")
+
+
+def _pack_blocks(docs, tokenizer, writers: dict, *, separator, seq_len: int, eval_fraction: float,
+                 max_tokens: int | None, seed: int, show_progress: bool) -> dict:
+    """Tokenize ``docs`` (each followed by ``separator``) into blocks of ``seq_len`` appended to the train and eval
+    writers (see :func:`build_token_store`); returns the counts: blocks, documents, tokens_seen."""
+    from tqdm.auto import tqdm
+
+    every = max(2, round(1 / eval_fraction)) if eval_fraction > 0 else 0
+    max_blocks = max_tokens // seq_len if max_tokens else None
     carry = np.empty(0, dtype=np.uint32)  # tokens after the last full block
     blocks_done = documents = tokens_seen = 0
     sep = np.array([] if separator is None else [separator], dtype=np.uint32)
-    from tqdm.auto import tqdm
-
     progress = tqdm(total=max_blocks * seq_len if max_blocks else None, unit="tok", unit_scale=True,
                     desc="tokenizing", disable=not show_progress)
     try:
-        with contextlib.closing(iter_documents(resolved, text_field=text_field, hub_split=hub_split)) as docs:
+        with contextlib.closing(docs):
             for texts in _text_batches(docs):
                 ids = tokenizer(texts, add_special_tokens=False, return_attention_mask=False,
                                 return_token_type_ids=False, verbose=False)["input_ids"]
@@ -387,28 +417,20 @@ def build_token_store(sources, tokenizer, store_dir, *, seq_len: int, text_field
                 progress.update(n * seq_len)
                 if max_blocks is not None and blocks_done >= max_blocks:
                     break
-        if blocks_done == 0:
-            raise DataError(f"too little text: {tokens_seen} tokens in {documents} documents, fewer than "
-                            f"seq_len={seq_len} needed for one block. Add text or lower seq_len.")
-        if every and writers["eval"].rows == 0 and writers["train"].rows >= 2:
-            writers["eval"].append(writers["train"].pop())  # a short corpus still gets a held-out block
-        if writers["train"].rows == 0:
-            writers["train"].append(writers["eval"].pop())  # one block: it is for training
-        for writer in writers.values():
-            writer.close()
-        for name, path in tmp.items():
-            os.replace(path, store_dir / f"{name}.npy")
     finally:
         progress.close()
-        for name, writer in writers.items():
-            if not writer.file.closed:
-                writer.file.close()
-            tmp[name].unlink(missing_ok=True)
+    if blocks_done == 0:
+        raise DataError(f"too little text: {tokens_seen} tokens in {documents} documents, fewer than "
+                        f"seq_len={seq_len} needed for one block. Add text or lower seq_len.")
+    return {"blocks": blocks_done, "documents": documents, "tokens_seen": tokens_seen}
 
-    meta = {"fingerprint": fingerprint, "train_blocks": writers["train"].rows, "eval_blocks": writers["eval"].rows,
-            "seq_len": seq_len, "num_tokens": blocks_done * seq_len, "documents": documents,
-            "tokens_seen": tokens_seen, "inputs": inputs}
-    atomic_write_json(store_dir / "meta.json", meta)
-    log.info("token store %s: %d train + %d eval blocks of %d tokens from %d documents", store_dir,
-             meta["train_blocks"], meta["eval_blocks"], seq_len, documents)
-    return TokenStore.open(store_dir)
+
+def _finish_splits(writers: dict, *, held_out: bool) -> None:
+    """A short corpus still gets a held-out block (when one is asked for), a single block is for training; then
+    the writers are closed."""
+    if held_out and writers["eval"].rows == 0 and writers["train"].rows >= 2:
+        writers["eval"].append(writers["train"].pop())
+    if writers["train"].rows == 0:
+        writers["train"].append(writers["eval"].pop())  # one block: it is for training
+    for writer in writers.values():
+        writer.close()

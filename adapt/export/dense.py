@@ -26,6 +26,8 @@ from pathlib import Path
 from adapt.model.families import preferred_attention
 from adapt.model.bidirectional import assert_bidirectional, is_bidirectional
 from adapt.errors import ConfigError, ModelLoadError, NotBidirectionalError
+from adapt.export import kinds
+from adapt.export.backends import graph_backends
 from adapt.files import atomic_write_text, read_json
 from adapt.config.run_folder import RUN
 from adapt.model.loading import parse_dtype
@@ -284,37 +286,27 @@ def render_card(name: str, manifest: dict) -> str:
     bench = card.pop("bench", None) or card.pop("benchmark", None) or {}
     full_recipe = card.pop("recipe", None)
     source = portable(manifest.get("source") or card.get("source") or "unknown")
-    sparse = manifest.get("kind") == "sparse"
-    lines = ["---", "library_name: sentence-transformers",
-             f"pipeline_tag: {'feature-extraction' if sparse else 'sentence-similarity'}",
-             f"tags: [sentence-transformers, {'sparse-encoder, splade' if sparse else 'feature-extraction'}, "
-             "bidirectional, adapt]"]
+    kind = kinds.of_manifest(manifest)
+    lines = ["---", "library_name: sentence-transformers", f"pipeline_tag: {kind.pipeline_tag}",
+             f"tags: [sentence-transformers, {kind.tags}, bidirectional, adapt]"]
     raw_source = str(manifest.get("source") or "")
     if raw_source and not os.path.isabs(raw_source) and not os.path.exists(raw_source) and ":" not in raw_source:
         lines.append(f"base_model: {raw_source}")  # a hub id
-    kind, cls = ("sparse (SPLADE) text encoder", "SparseEncoder") if sparse else ("text encoder", "SentenceTransformer")
+    cls = kind.st_class
     lines += ["---", "", f"# {name}", "",
-              f"A bidirectional {kind} converted by `adapt` from the causal decoder `{source}`: its attention "
+              f"A bidirectional {kind.noun} converted by `adapt` from the causal decoder `{source}`: its attention "
               "sees the whole text (`\"is_causal\": false` in config.json), adapted as the recipe below says.", "",
               "## Usage", "", "```python", f"from sentence_transformers import {cls}",
               f'model = {cls}("{name}")', 'vectors = model.encode(["A first text.", "Another one."])']
-    if sparse:
-        lines += ["model.decode(vectors[0], top_k=10)  # the heaviest vocabulary terms and their weights"]
-    lines += ["```", "", f'Or `adapt embed {name} "A first text."`. ' + (
-        "Each vector holds one weight per vocabulary term (max over tokens of log1p(relu(LM-head logits)); dot "
-        "product similarity)." if sparse else
-        "The backbone alone loads with `transformers.AutoModel.from_pretrained`.")]
+    lines += [*kind.usage, "```", "", f'Or `adapt embed {name} "A first text."`. ' + kind.note]
     lines += _backend_usage(name, manifest.get("backend")) + [""]
     dims = manifest.get("matryoshka_dims") or []
     if len(dims) > 1:
         lines += [f"Trained for truncation (Matryoshka) to {', '.join(map(str, dims))} dimensions: "
                   f'`SentenceTransformer("{name}", truncate_dim={dims[1]})`, or `adapt embed {name} --dim {dims[1]}` '
                   "(re-normalized).", ""]
-    lines += ["## Encoder", "", "| setting | value |", "|---|---|", f"| pooling | {manifest['pooling']} |"]
-    if sparse:
-        lines.append(f"| active terms kept (top_k) | {manifest.get('top_k') or 'all'} |")
-    else:
-        lines.append(f"| normalized | {manifest['normalize']} |")
+    lines += ["## Encoder", "", "| setting | value |", "|---|---|", f"| pooling | {manifest['pooling']} |",
+              kind.setting(manifest)]
     lines += [f"| max sequence length | {manifest['max_seq_length']} |", f"| dtype | {manifest['dtype']} |",
               f"| attention | {manifest['attn_implementation']} |"]
     lines += [f"| prompt `{key}` | `{value!r}` |" for key, value in (manifest.get("prompts") or {}).items()]
@@ -343,26 +335,18 @@ def render_card(name: str, manifest: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-# What sentence-transformers needs to run each graph, as verified (README.md, "ONNX and OpenVINO")
-_BACKEND_NEEDS = {
-    "openvino": "`pip install \"optimum-intel[openvino]\"` (2.2.0 needs transformers < 5.6). `ov_config` keeps "
-                "the computation in float32: OpenVINO otherwise runs bfloat16 on CPUs with bfloat16 units.",
-    "onnx": "optimum-onnx, which does not install with transformers 5 yet (0.1.0 needs transformers < 4.58); "
-            "until then `adapt embed` runs this graph.",
-}
-_BACKEND_KWARGS = {"openvino": ', model_kwargs={"ov_config": {"INFERENCE_PRECISION_HINT": "f32"}}', "onnx": ""}
-
-
 def _backend_usage(name: str, backend: dict | None) -> list[str]:
-    """Card lines for the ONNX/OpenVINO graph the folder holds (``manifest["backend"]``), if any."""
-    if not backend or backend.get("name") not in _BACKEND_NEEDS:
+    """Card lines for the graph the folder holds (``manifest["backend"]``), if any: what sentence-transformers needs
+    to run it, as each backend of :mod:`adapt.export.backends` says (verified: README.md, "ONNX and OpenVINO")."""
+    spec = graph_backends().get((backend or {}).get("name"))
+    if spec is None:
         return []
-    kind, parity = backend["name"], backend.get("parity") or {}
-    return ["", f"The folder also holds a checked {kind} graph (`{backend.get('file')}`, "
+    parity = backend.get("parity") or {}
+    return ["", f"The folder also holds a checked {spec.name} graph (`{backend.get('file')}`, "
             f"{backend.get('quantize') or 'float32'}; cosine vs "
             f"torch min {parity.get('min_cosine')}):", "", "```python",
-            f'model = SentenceTransformer("{name}", backend="{kind}"{_BACKEND_KWARGS[kind]})', "```", "",
-            f"It needs {_BACKEND_NEEDS[kind]}"]
+            f'model = SentenceTransformer("{name}", backend="{spec.name}"{spec.st_kwargs})', "```", "",
+            f"It needs {spec.st_needs}"]
 
 
 def portable(value):

@@ -107,3 +107,14 @@ def _leading_share(vectors: np.ndarray, axes: np.ndarray) -> float:
     x = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
     energy = ((x @ axes.T) ** 2).mean(axis=0)
     return float(energy[: max(1, len(energy) // 4)].sum() / energy.sum())
+
+
+def fitted_order(order_dims: str, data, model, tokenizer, settings: dict, runs_texts):
+    """(rotation, record) for ``--order-dims``: "none" -> (None, None); "pca" -> fitted on the documents of
+    ``data``, else on ``runs_texts()`` (a checkpoint's run data). ``settings``: the export's pooling,
+    max_seq_length, prompts and sink_prompt."""
+    if order_dims == "none":
+        return None, None
+    texts = fitting_texts(data) if data else runs_texts()
+    return fit_order(model, tokenizer, texts, pooling=settings["pooling"], max_length=settings["max_seq_length"],
+                     prompt=(settings["prompts"] or {}).get("document", ""), sink_prompt=settings["sink_prompt"])

@@ -1,13 +1,14 @@
 """Write an exported encoder's ONNX or OpenVINO graph, checked: ``adapt export OUT -o DIR --backend onnx``.
 
-``add_backend(folder, "onnx"|"openvino", quantize=None|"int8")`` adds to an exported encoder folder
-the graph :mod:`adapt.inference.graph_model` describes. The graph takes ``input_ids`` and ``attention_mask`` (what
+``add_backend(folder, BACKEND, quantize=None|"int8"|"int8-weights")`` adds to an exported encoder folder the
+graph of a backend of :mod:`adapt.export.backends` (ONNX, OpenVINO), as :mod:`adapt.inference.graph_model` runs it. The graph takes ``input_ids`` and ``attention_mask`` (what
 the tokenizer gives: positions of absolute-position families such as GPT-2 are computed inside it)
 and returns ``last_hidden_state``; pooling and normalization stay in the folder's sentence-transformers
 modules. It is traced by ``torch.onnx.export`` (the torch.export path, dynamic batch and length) from
-the folder's own weights; ``int8`` is, for ONNX, int8 weights with int8 activations quantized per token
-(:mod:`adapt.export.int8`: outlier channels smoothed, the first MatMuls kept in float32 where needed) or,
-for OpenVINO, NNCF's int8 weight compression; OpenVINO reads the ONNX graph.
+the folder's own weights, then each backend module's ``write`` makes its graph of it: ``int8`` is, for ONNX,
+int8 weights with int8 activations quantized per token (:mod:`adapt.export.int8`: outlier channels smoothed, the
+first MatMuls kept in float32 where needed) or, for OpenVINO, NNCF's int8 weight compression; OpenVINO reads the
+ONNX graph.
 
 Why not optimum's exporters: optimum-onnx 0.1.0 needs transformers < 4.58 and optimum-intel 2.2.0
 < 5.6, while adapt supports transformers 5.5.1 to 5.x. The files are those optimum loads, though:
@@ -37,7 +38,8 @@ import numpy as np
 import torch
 
 from adapt.model.families import facts_for, preferred_attention
-from adapt.inference.graph_model import GRAPH_FILES, BackendModel
+from adapt.export.backends import TORCH, graph_backend, graph_subdirs
+from adapt.inference.graph_model import BackendModel
 from adapt.model.bidirectional import position_ids_from_mask, probe
 from adapt.errors import ConfigError, ModelLoadError, NotBidirectionalError
 from adapt.inference.encoder import backend_encoder, load_encoder
@@ -116,35 +118,6 @@ def _export_onnx(model_dir: Path, path: Path) -> str:
                          f"({'; '.join(errors)}); use the torch backend for this model")
 
 
-def _quantize_onnx_weights(src: Path, dst: Path) -> None:
-    """int8-weights: MatMulNBits, 8 bits in blocks of 32 (activations stay float32)."""
-    import onnx
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-
-    root = logging.getLogger()
-    level, root.level = root.level, max(root.level, logging.ERROR)  # its "pre-process first" hint, its per-node lines
-    try:
-        quantizer = MatMulNBitsQuantizer(onnx.load(str(src)), bits=8, block_size=32, is_symmetric=True)
-        quantizer.process()
-        quantizer.model.save_model_to_file(str(dst), use_external_data_format=False)
-    finally:
-        root.level = level
-
-
-def _to_openvino(onnx_path: Path, xml: Path, quantize: str | None) -> None:
-    import openvino as ov
-
-    model = ov.convert_model(str(onnx_path))
-    if quantize:  # int8 and int8-weights: NNCF compresses the weights
-        import nncf
-
-        logging.getLogger("nncf").setLevel(logging.ERROR)
-        with contextlib.redirect_stdout(io.StringIO()):  # its progress bar
-            model = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM)
-    xml.parent.mkdir(parents=True, exist_ok=True)
-    ov.save_model(model, str(xml), compress_to_fp16=False)
-
-
 def check_backend(folder: Path, graph: Path, backend: str, quantize: str | None, torch_encoder) -> dict:
     """Probe the exported graph and compare its vectors with the torch encoder's (see the module docstring)."""
     encoder = backend_encoder(folder, torch_encoder, BackendModel(graph, backend, torch_encoder.model.config))
@@ -162,7 +135,8 @@ def check_backend(folder: Path, graph: Path, backend: str, quantize: str | None,
         raise ModelLoadError(f"the {backend} export of the '{family}' model disagrees with the torch encoder: "
                              f"min cosine {parity['min_cosine']} < {FP32_MIN_COSINE}; refusing to write it")
     if quantize and parity["min_cosine"] < INT8_MIN_COSINE:
-        other = "--quantize int8-weights or " if quantize == "int8" and backend == "onnx" else ""
+        fallback = graph_backend(backend).int8_fallback
+        other = f"--quantize {fallback} or " if quantize == "int8" and fallback else ""
         raise ModelLoadError(f"the {backend} {quantize} export of the '{family}' model is too far from the torch "
                              f"encoder: min cosine {parity['min_cosine']} (on {CHECK_TEXTS[worst][:40]!r}) is below "
                              f"the int8 floor of {INT8_MIN_COSINE}; nothing was written. Export it with {other}"
@@ -186,10 +160,11 @@ def _parity(torch_encoder, encoder, texts: list[str]) -> np.ndarray:
     return np.nan_to_num(cosines(expected, got), nan=-1.0)  # a NaN vector fails any floor
 
 
-def _int8_onnx(folder: Path, src: Path, dst: Path, torch_encoder) -> dict:
-    """ONNX int8 (:mod:`adapt.export.int8`), calibrated and searched on its calibration texts and the check
-    texts (the floor applies to those) as this encoder tokenizes them, prompt included."""
-    from adapt.export.int8 import CALIBRATION_TEXTS, quantize_int8
+def _int8_calibration(folder: Path, backend: str, torch_encoder):
+    """(feeds, measure) for :func:`adapt.export.int8.quantize_int8`: its calibration texts and the check texts
+    (the floor applies to those) as this encoder tokenizes them, prompt included; ``measure(graph)`` is the
+    smallest cosine of ``backend``'s ``graph`` to the torch encoder on them."""
+    from adapt.export.int8 import CALIBRATION_TEXTS
 
     texts = CALIBRATION_TEXTS + CHECK_TEXTS
     ids, _ = torch_encoder.tokenize([t for t in texts if t], prompt=torch_encoder.resolve_prompt())
@@ -197,10 +172,10 @@ def _int8_onnx(folder: Path, src: Path, dst: Path, torch_encoder) -> dict:
              for row in ids if row]
 
     def measure(graph: Path) -> float:
-        encoder = backend_encoder(folder, torch_encoder, BackendModel(graph, "onnx", torch_encoder.model.config))
+        encoder = backend_encoder(folder, torch_encoder, BackendModel(graph, backend, torch_encoder.model.config))
         return float(_parity(torch_encoder, encoder, texts).min())
 
-    return quantize_int8(src, dst, feeds, measure)
+    return feeds, measure
 
 
 def add_backend(folder, backend: str, quantize: str | None = None, *, name: str | None = None) -> dict:
@@ -211,38 +186,25 @@ def add_backend(folder, backend: str, quantize: str | None = None, *, name: str 
     the attention for torch loads), the model card (titled ``name``, default the folder's name) says
     how to load the graph, and ``adapt_export.json`` gets the record, last.
     """
-    if backend not in GRAPH_FILES:
-        raise ConfigError(f"unknown backend {backend!r}; use one of {', '.join(GRAPH_FILES)} (or torch)")
+    spec = graph_backend(backend)
     if quantize not in QUANTIZE:
         raise ConfigError(f"unknown quantization {quantize!r}; use int8 or int8-weights (or none)")
     folder = Path(folder)
     manifest = read_json(folder / MANIFEST)
     if not manifest.get("adapt_export"):
         raise ModelLoadError(f"{folder} is not an encoder adapt exported (no {MANIFEST})")
-    torch_encoder = load_encoder(folder, backend="torch", dtype="float32", device="cpu")
+    torch_encoder = load_encoder(folder, backend=TORCH, dtype="float32", device="cpu")
     scratch = Path(tempfile.mkdtemp(prefix=".backend.", dir=folder))
-    int8 = None
     try:
         onnx_fp32 = scratch / "fp32" / "model.onnx"
         exporter = _export_onnx(folder, onnx_fp32)
-        graph = scratch / GRAPH_FILES[backend]
-        if backend == "onnx":
-            graph.parent.mkdir(parents=True, exist_ok=True)
-            if quantize == "int8":
-                int8 = _int8_onnx(folder, onnx_fp32, graph, torch_encoder)
-            elif quantize:
-                _quantize_onnx_weights(onnx_fp32, graph)
-            else:
-                for item in onnx_fp32.parent.iterdir():
-                    os.replace(item, graph.parent / item.name)
-        else:
-            _to_openvino(onnx_fp32, graph, quantize)
-        record = {"name": backend, "file": GRAPH_FILES[backend], "quantize": quantize, "exporter": exporter,
+        graph = scratch / spec.graph_file
+        int8 = spec.write(onnx_fp32, graph, quantize, lambda: _int8_calibration(folder, backend, torch_encoder))
+        record = {"name": backend, "file": spec.graph_file, "quantize": quantize, "exporter": exporter,
                   **check_backend(folder, graph, backend, quantize, torch_encoder), **({"int8": int8} if int8 else {})}
-        subdir = GRAPH_FILES[backend].split("/")[0]
-        for old in GRAPH_FILES.values():  # one backend per folder: the one adapt embed runs
-            _remove(folder / old.split("/")[0])
-        os.replace(scratch / subdir, folder / subdir)
+        for old in graph_subdirs():  # one backend per folder: the one adapt embed runs
+            _remove(folder / old)
+        os.replace(scratch / spec.subdir, folder / spec.subdir)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     st_path = folder / "sentence_bert_config.json"
@@ -250,7 +212,7 @@ def add_backend(folder, backend: str, quantize: str | None = None, *, name: str 
     if st_config.pop("model_kwargs", None) is not None:
         atomic_write_json(st_path, st_config)
     manifest["backend"] = record
-    manifest["files"] = sorted(set(manifest.get("files", [])) - {"onnx", "openvino"} | {subdir})
+    manifest["files"] = sorted(set(manifest.get("files", [])) - graph_subdirs() | {spec.subdir})
     atomic_write_text(folder / "README.md", render_card(name or folder.name, manifest))
     atomic_write_json(folder / MANIFEST, manifest)
     return record

@@ -39,13 +39,13 @@ from adapt.model.families import facts_for, head_logit_scale, preferred_attentio
 from adapt.model.bidirectional import assert_bidirectional, is_bidirectional
 from adapt.config.settings import ModelConfig
 from adapt.errors import ConfigError, ModelLoadError, NotBidirectionalError
+from adapt.export.kinds import SPARSE
 from adapt.export.dense import MANIFEST, export_target, pin_attention, prepare_tokenizer, publish
 from adapt.model.lm_head import save_lm_head
 from adapt.files import read_json
 from adapt.model.loading import load_decoder, parse_dtype
 from adapt.model.splade import query_prefix
 
-SPARSE = "sparse"
 POOLING = "splade-max"  # max over tokens of log1p(relu(logits)), as adapt.model.splade.splade_pool
 _LOGITS = {"text": {"method": "forward", "method_output_name": "logits"}}
 _HIDDEN = {"text": {"method": "forward", "method_output_name": "last_hidden_state"}}

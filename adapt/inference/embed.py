@@ -24,7 +24,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable
 
 import numpy as np
 
@@ -32,11 +32,10 @@ from adapt.model.bidirectional import attends_causally
 from adapt.inference.shards import (barrier, embed_shards, end_group, gather, iter_shards, pending_rows, processes,
                                 read_manifest, run_key, start_group, write_manifest)
 from adapt.errors import ConfigError, DataError
-from adapt.data.readers import file_format, iter_lines, iter_records, supported
-from adapt.inference.sparse import check_sparse_output, embed_sparse
-from adapt.export.sparse import is_sparse_folder
+from adapt.export import kinds
+from adapt.export.backends import TORCH
+from adapt.inference.texts import INPUT_FORMATS, count_texts, read_records, read_texts  # noqa: F401 - also read from here
 
-INPUT_FORMATS = ("text", "jsonl", "csv", "parquet")  # adapt.data.readers formats
 OUTPUT_FORMATS = (".npy", ".parquet", ".jsonl")
 
 
@@ -50,7 +49,7 @@ class EmbedSummary:
     output: str
     tokens: int = 0             # tokens embedded in this run (skipped shards not counted)
     embedded: int = 0           # texts embedded in this run
-    backend: str = "torch"
+    backend: str = TORCH
     shards: str | None = None   # the shard folder of a sharded run
     shards_written: int = 0
     shards_skipped: int = 0
@@ -64,47 +63,6 @@ class EmbedSummary:
             line += (f"; shards {self.shards_written} written, {self.shards_skipped} already done, in "
                      f"{self.shards}")
         return line
-
-
-def read_records(path, fields: tuple[str, ...]) -> Iterator[tuple[str, dict]]:
-    """(where, record) for each record of a JSON lines/CSV/Parquet file holding ``fields``; ``where``
-    ("file:line" or "file: row i") names the record in error messages. See :func:`adapt.data.readers.iter_records`."""
-    return iter_records(path, fields)
-
-
-def _field_texts(records: Iterator[tuple[str, dict]], field: str) -> Iterator[str]:
-    for where, record in records:
-        if record[field] is None:  # iter_records let only text or null through
-            raise DataError(f"{where}: {field!r} is None, not text")
-        yield record[field]
-
-
-def read_texts(input_path=None, texts: Iterable[str] | None = None, *,
-               field: str = "text") -> tuple[Iterable[str], int | None]:
-    """The texts to embed and their count when known cheaply (None for streams)."""
-    if texts is not None and input_path is not None:
-        raise ConfigError("give texts or an input file, not both")
-    if texts is not None:
-        texts = [texts] if isinstance(texts, str) else list(texts)
-        return texts, len(texts)
-    if input_path is None or str(input_path) == "-":
-        return (line.rstrip("\r\n") for line in sys.stdin), None
-    path = Path(input_path)
-    kind = file_format(path)
-    if kind == "text":
-        return (text for _, text in iter_lines(path)), None
-    if kind not in INPUT_FORMATS and path.is_file():
-        raise DataError(f"{path}: unsupported input format {path.suffix or '(no extension)'}; use one of "
-                        f"{supported(INPUT_FORMATS)}")
-    records = iter_records(path, text_fields=(field,))  # a missing file: "no such file"
-    n = None
-    if kind == "parquet":
-        import pyarrow.parquet as pq
-        try:
-            n = pq.ParquetFile(path).metadata.num_rows
-        except Exception:  # noqa: BLE001 - a bad file is reported, with its name, when it is read
-            n = None
-    return _field_texts(records, field), n
 
 
 class _FileWriter:
@@ -252,25 +210,6 @@ def is_shard_folder(output_path) -> bool:
     return str(output_path).endswith(("/", os.sep)) or path.is_dir() or not path.suffix
 
 
-def count_texts(input_path) -> int | None:
-    """How many texts a file holds, for a progress bar's ETA: exact for text and JSON lines (one cheap pass),
-    Parquet's row count; None for CSV and stdin."""
-    if input_path is None or str(input_path) == "-" or not Path(input_path).is_file():
-        return None
-    kind = file_format(input_path)
-    try:
-        if kind == "text":
-            return sum(1 for _ in iter_lines(input_path))
-        if kind == "jsonl":
-            return sum(1 for _, line in iter_lines(input_path) if line.strip())
-        if kind == "parquet":
-            import pyarrow.parquet as pq
-            return pq.ParquetFile(input_path).metadata.num_rows
-    except Exception:  # noqa: BLE001 - a bad file is reported, with its line, when it is read
-        return None
-    return None
-
-
 def _bar(show: bool, total: int | None, desc: str):
     if not show:
         return None
@@ -300,38 +239,30 @@ def embed(encoder_source, texts: Iterable[str] | None = None, input_path=None, o
     ``dim``: keep the first ``dim`` dimensions (an encoder trained with Matryoshka sizes), re-normalized
     unless ``normalize`` is False.
     """
-    from adapt.inference.encoder import Encoder, backend_of, load_encoder, truncated
+    from adapt.inference.encoder import Encoder
 
     normalize = True if dim is not None and normalize is None else normalize
-
     procs = processes()
     sharded = bool(shards) or procs.world > 1 or is_shard_folder(output_path)
-    if not isinstance(encoder_source, Encoder) and is_sparse_folder(encoder_source):  # adapt.inference.sparse's rows
-        if sharded or normalize or backend not in (None, "torch"):
-            raise ConfigError(f"{encoder_source} is a sparse encoder: its vectors go to one .jsonl or .parquet file "
-                              "(no shards, --normalize or --backend)")
-        check_sparse_output(output_path)  # before the input is opened and the model loaded
-        stream, n = read_texts(input_path, texts, field=field)
-        return embed_sparse(encoder_source, stream, output_path, n=n, prompt_name=prompt_name, batch_size=batch_size,
-                            max_length=max_length, dtype=dtype, device=device, chunk_size=chunk_size,
-                            show_progress=show_progress)
-    folder = merge_to = None
-    if sharded:
-        if output_path is None or str(output_path) == "-":
-            raise ConfigError("sharded embedding (several processes, or --shards) writes files: give -o DIR/ "
-                              "(shards + manifest) or -o FILE.npy|.parquet|.jsonl (merged from FILE.shards/)")
-        if procs.world > 1 and texts is None and (input_path is None or str(input_path) == "-"):
-            raise ConfigError("several processes cannot share stdin: give --input FILE")
-        folder, merge_to = (Path(output_path), None) if is_shard_folder(output_path) else \
-            (Path(f"{output_path}.shards"), Path(output_path))
-    stream, n = read_texts(input_path, texts, field=field)
-    if merge_to is not None or (not sharded and output_path is not None and str(output_path) != "-"):
-        _writer_class(merge_to or output_path)
-    stream = iter(stream)
-    first = next(stream, None)  # opens and checks the input (format, field) before the model loads
-    if first is None:
-        raise DataError(f"{input_path or 'the input'} holds no texts to embed")
-    stream = itertools.chain([first], stream)
+    kind = kinds.get(kinds.DENSE) if isinstance(encoder_source, Encoder) else kinds.of_folder(encoder_source)
+    asked = {"shards": sharded, "normalize": bool(normalize), "backend": backend not in (None, TORCH)}
+    if any(on and option not in kind.options for option, on in asked.items()):
+        raise ConfigError(f"{encoder_source} is a {kind.name} encoder: {kind.embed_refusal}")
+    return kind.run("embed", encoder_source, texts, input_path, output_path, field=field, prompt_name=prompt_name,
+                    batch_size=batch_size, max_length=max_length, normalize=normalize, dtype=dtype, device=device,
+                    show_progress=show_progress, chunk_size=chunk_size, allow_causal=allow_causal, backend=backend,
+                    shard_size=shard_size, dim=dim, sharded=sharded, procs=procs)
+
+
+def embed_dense(encoder_source, texts, input_path, output_path, *, field, prompt_name, batch_size, max_length,
+                normalize, dtype, device, show_progress, chunk_size, allow_causal, backend, shard_size, dim, sharded,
+                procs) -> EmbedSummary:
+    """``adapt embed`` of a dense encoder (the ``dense`` entry of :mod:`adapt.export.kinds`): vectors to a file,
+    stdout or shards (see :func:`embed`)."""
+    from adapt.inference.encoder import Encoder
+
+    folder, merge_to = _shard_targets(output_path, sharded, procs, texts, input_path)
+    stream, n = _open_input(input_path, texts, field, output=merge_to or (None if sharded else output_path))
     if n is None and show_progress and procs.main:
         n = count_texts(input_path)
     start = time.perf_counter()
@@ -340,37 +271,83 @@ def embed(encoder_source, texts: Iterable[str] | None = None, input_path=None, o
         device = f"cuda:{procs.local_rank}" if torch.cuda.is_available() else None
     made_group = start_group(procs) if sharded else False
     try:
-        encoder = truncated(encoder_source, dim) if isinstance(encoder_source, Encoder) else load_encoder(
-            encoder_source, normalize=normalize, dtype=dtype, device=device, max_length=max_length, backend=backend,
-            truncate_dim=dim)
-        if not allow_causal and attends_causally(encoder.model):
-            raise ConfigError(f"{encoder.name} is a causal {encoder.model.config.model_type!r} model (config.is_causal "
-                              "is not false): its vectors would see only the text to the left of each token. Convert "
-                              "it first (`adapt convert`), or pass --allow-causal to embed it as it is.")
+        encoder = _checked_encoder(encoder_source, allow_causal, normalize=normalize, dtype=dtype, device=device,
+                                   max_length=max_length, backend=backend, truncate_dim=dim)
         if sharded:
             return _embed_sharded(encoder, stream, n, folder, merge_to, procs=procs, start=start,
                                   prompt_name=prompt_name, normalize=normalize, batch_size=batch_size,
                                   shard_size=shard_size, show_progress=show_progress,
-                                  source={"model": str(encoder_source if not isinstance(encoder_source, Encoder)
-                                                       else encoder.name),
+                                  source={"model": str(encoder.name if isinstance(encoder_source, Encoder)
+                                                       else encoder_source),
                                           "input": str(input_path) if input_path is not None else "arguments",
                                           "field": field, "prompt_name": prompt_name})
-        writer = open_writer(output_path, encoder.dim, n)
-        bar = _bar(show_progress, n, "embedding")
-        try:
-            stats = encoder.encode_stream(stream, writer, chunk_size=chunk_size, batch_size=batch_size,
-                                          prompt_name=prompt_name, normalize=normalize,
-                                          on_batch=bar.update if bar is not None else None)
-            writer.close()
-        except BaseException:
-            writer.abort()
-            raise
-        finally:
-            if bar is not None:
-                bar.close()
+        return _embed_to_output(encoder, stream, n, output_path, start=start, prompt_name=prompt_name,
+                                normalize=normalize, batch_size=batch_size, chunk_size=chunk_size,
+                                show_progress=show_progress)
     finally:
         if made_group:
             end_group()
+
+
+def _shard_targets(output_path, sharded: bool, procs, texts, input_path) -> tuple[Path | None, Path | None]:
+    """(shard folder, file merged from it) of a sharded run, checked; (None, None) when not sharded."""
+    if not sharded:
+        return None, None
+    if output_path is None or str(output_path) == "-":
+        raise ConfigError("sharded embedding (several processes, or --shards) writes files: give -o DIR/ "
+                          "(shards + manifest) or -o FILE.npy|.parquet|.jsonl (merged from FILE.shards/)")
+    if procs.world > 1 and texts is None and (input_path is None or str(input_path) == "-"):
+        raise ConfigError("several processes cannot share stdin: give --input FILE")
+    if is_shard_folder(output_path):
+        return Path(output_path), None
+    return Path(f"{output_path}.shards"), Path(output_path)
+
+
+def _open_input(input_path, texts, field: str, output) -> tuple[Iterable[str], int | None]:
+    """The texts and their count if known; the output format (``output``, a file) and the input's first text are
+    checked before the model loads, so a typo fails fast."""
+    stream, n = read_texts(input_path, texts, field=field)
+    if output is not None and str(output) != "-":
+        _writer_class(output)
+    stream = iter(stream)
+    first = next(stream, None)  # opens and checks the input (format, field)
+    if first is None:
+        raise DataError(f"{input_path or 'the input'} holds no texts to embed")
+    return itertools.chain([first], stream), n
+
+
+def _checked_encoder(encoder_source, allow_causal: bool, **load):
+    """The encoder to run (``encoder_source`` loaded, or an ``Encoder`` truncated to ``truncate_dim``); a causal
+    model is refused unless ``allow_causal``."""
+    from adapt.inference.encoder import Encoder, load_encoder, truncated
+
+    encoder = truncated(encoder_source, load["truncate_dim"]) if isinstance(encoder_source, Encoder) else \
+        load_encoder(encoder_source, **load)
+    if not allow_causal and attends_causally(encoder.model):
+        raise ConfigError(f"{encoder.name} is a causal {encoder.model.config.model_type!r} model (config.is_causal "
+                          "is not false): its vectors would see only the text to the left of each token. Convert "
+                          "it first (`adapt convert`), or pass --allow-causal to embed it as it is.")
+    return encoder
+
+
+def _embed_to_output(encoder, stream, n, output_path, *, start, prompt_name, normalize, batch_size, chunk_size,
+                     show_progress) -> EmbedSummary:
+    """One process, no shards: the vectors to one file (written to a temporary name, renamed) or stdout."""
+    from adapt.inference.encoder import backend_of
+
+    writer = open_writer(output_path, encoder.dim, n)
+    bar = _bar(show_progress, n, "embedding")
+    try:
+        stats = encoder.encode_stream(stream, writer, chunk_size=chunk_size, batch_size=batch_size,
+                                      prompt_name=prompt_name, normalize=normalize,
+                                      on_batch=bar.update if bar is not None else None)
+        writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
     return EmbedSummary(n=stats.n, dim=encoder.dim, seconds=round(time.perf_counter() - start, 3),
                         truncated=stats.truncated, empty=stats.empty, tokens=stats.tokens, embedded=stats.n,
                         output=str(output_path) if output_path not in (None, "-") else "-", backend=backend_of(encoder))
@@ -438,4 +415,4 @@ def merge_shards(folder, output_path, *, manifest: dict | None = None, verify: b
     return EmbedSummary(n=manifest["n"], dim=manifest["dim"], seconds=round(time.perf_counter() - start, 3),
                         truncated=manifest["truncated"], empty=manifest["empty"], tokens=manifest["tokens"],
                         embedded=0, output="-" if to_stdout else str(output_path),
-                        backend=manifest.get("backend", "torch"), shards=str(folder))
+                        backend=manifest.get("backend", TORCH), shards=str(folder))

@@ -31,15 +31,16 @@ from typing import Iterable, Iterator
 import numpy as np
 import torch
 
-from adapt.model.families import facts_for, preferred_attention
-from adapt.inference.graph_model import BACKENDS, BackendModel, folder_backend
+from adapt.model.families import facts_for
+from adapt.export import backends
+from adapt.inference.graph_model import BackendModel, folder_backend
+from adapt.inference.model_source import folder_settings, load_model, resolve_encoder_source
 from adapt.data.batches import length_batches
-from adapt.model.bidirectional import is_bidirectional, make_bidirectional, position_ids_from_mask, prepare_config
-from adapt.model.quantization import check_quantized_weights
+from adapt.model.bidirectional import is_bidirectional, make_bidirectional, position_ids_from_mask
 from adapt.errors import ConfigError, ModelLoadError
-from adapt.export.folder import fingerprint as fingerprint_of, load_projection, projection_key, read_st_settings, \
+from adapt.export.folder import fingerprint as fingerprint_of, load_projection, projection_key, \
     resolve_max_length
-from adapt.model.loading import looks_like_hub_id, parse_dtype, resolve_source
+from adapt.model.loading import parse_dtype
 from adapt.model.pooling import check_sink, pool, pooling_name, prompt_token_count, sink_prompts
 
 log = logging.getLogger(__name__)
@@ -271,40 +272,14 @@ def load_encoder(source, *, pooling: str | None = None, bidirectional: bool | No
 
     ``dtype``: "auto" is fp32 on CPU and bf16 (else fp16) on a GPU; or bf16/fp16/fp32. ``backend``: None
     runs the graph an exported folder holds (``adapt export --backend onnx|openvino``, see
-    :mod:`adapt.inference.graph_model`) and torch otherwise; "torch", "onnx" or "openvino" ask for one. Anything
+    :mod:`adapt.inference.graph_model`) and torch otherwise; a name of :mod:`adapt.export.backends` asks for one. Anything
     that is not a loadable model raises :class:`ModelLoadError` saying why. ``truncate_dim``: see
     :func:`truncated`. ``sink_prompt`` (a raw decoder only; an exported encoder keeps what it was trained with):
     put this text before every text and leave it out of pooling, as ``export.sink_prompt`` does
     (:data:`adapt.model.pooling.DEFAULT_SINK`).
     """
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    gguf_file = None
-    local = Path(str(source)).expanduser()
-    if not str(source).startswith("py:") and not local.exists() and not looks_like_hub_id(source):
-        raise ModelLoadError(f"{source}: no such file or folder (and not a hub id like org/name)")
-    if isinstance(source, str) and source.startswith("py:") or str(source).lower().endswith(".gguf") or (
-            Path(source).is_dir() and not (Path(source) / "config.json").exists() and any(Path(source).glob("*.gguf"))):
-        resolved = resolve_source(str(source))
-        source, gguf_file = resolved.path, resolved.gguf_file
-    path = Path(source)
-    if path.exists() and not path.is_dir():
-        raise ModelLoadError(f"{source} is a file, not a model folder or a .gguf file")
-    st = read_st_settings(path) if path.is_dir() and not gguf_file else None
-    if st and st["unsupported"]:
-        raise ModelLoadError(f"{source} uses sentence-transformers parts adapt's encoder does not implement "
-                             f"({', '.join(st['unsupported'])}); load it with SentenceTransformer instead")
-    model_dir = str(st["transformer_path"]) if st else str(source)
-    if path.is_dir() and not gguf_file and not (Path(model_dir) / "config.json").is_file():
-        raise ModelLoadError(f"{model_dir} is not an encoder or decoder folder: it has no config.json")
-    if st and sink_prompt:
-        raise ConfigError(f"{source} is an exported encoder: its prompts and pooling are the ones it was trained "
-                          "with; a sink prompt applies to a raw decoder only")
-    if not st:
-        prompts, default_name, include = sink_prompts({}, sink_prompt or "")
-        st = {"prompts": prompts, "default_prompt_name": default_name, "include_prompt": include,
-              "do_lower_case": False}
+    source, gguf_file, path = resolve_encoder_source(source)
+    st, model_dir = folder_settings(source, path, gguf_file, sink_prompt)
     graph = _pick_backend(path if st.get("transformer_path") else None, backend)
     if graph is not None:
         return truncated(_load_graph_encoder(path, Path(model_dir), graph, st, pooling=pooling, normalize=normalize,
@@ -313,34 +288,8 @@ def load_encoder(source, *, pooling: str | None = None, bidirectional: bool | No
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch_dtype = parse_dtype(dtype) or (torch.float32 if device.type == "cpu" else
                                          torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16)
-    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()  # a decoder's unused LM head is expected, not worth a report
-    hf_logging.disable_progress_bar()  # nor are per-tensor loading bars in `adapt embed` output
-    try:
-        config = AutoConfig.from_pretrained(model_dir, gguf_file=gguf_file, trust_remote_code=trust_remote_code)
-        check_quantized_weights(config, source)
-        if bidirectional is True:
-            prepare_config(config)
-        elif bidirectional is False:
-            config.is_causal = True
-        attn = st.get("attn_implementation") or preferred_attention(config)
-        model = AutoModel.from_pretrained(model_dir, config=config, dtype=torch_dtype, attn_implementation=attn,
-                                          gguf_file=gguf_file, trust_remote_code=trust_remote_code)
-        tokenizer = AutoTokenizer.from_pretrained(model_dir, gguf_file=gguf_file, trust_remote_code=trust_remote_code)
-        if gguf_file:  # dequantized weights: drop the quantizer marker so the model behaves as a plain one
-            if hasattr(model.config, "quantization_config"):
-                del model.config.quantization_config
-            model.hf_quantizer = None
-            model.to(torch_dtype)
-    except ConfigError:
-        raise
-    except Exception as err:  # noqa: BLE001 - every failure here is "this is not a model we can load"
-        where = "" if path.exists() or gguf_file else " (no such local folder, so it was tried as a hub id)"
-        raise ModelLoadError(f"cannot load an encoder from {source}{where}: {type(err).__name__}: {err}") from err
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
+    model, tokenizer, config = load_model(source, path, model_dir, gguf_file, st, bidirectional=bidirectional,
+                                           torch_dtype=torch_dtype, trust_remote_code=trust_remote_code)
     check_sink(tokenizer, sink_prompt or "", where=f"{source}: sink prompt")
     if bidirectional is True:
         make_bidirectional(model)
@@ -397,11 +346,10 @@ def truncated(encoder: Encoder, dim: int | None, trained: list[int] | None = Non
 
 def _pick_backend(folder: Path | None, backend: str | None) -> dict | None:
     """The graph record to run (see :func:`adapt.inference.graph_model.folder_backend`), or None for torch."""
-    if backend not in (None, *BACKENDS):
-        raise ConfigError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    backends.check(backend)
     held = folder_backend(folder) if folder is not None else None
-    if backend in (None, "torch") or (held and held["name"] == backend):
-        return held if backend is None else (None if backend == "torch" else held)
+    if backend in (None, backends.TORCH) or (held and held["name"] == backend):
+        return held if backend is None else (None if backend == backends.TORCH else held)
     raise ModelLoadError(f"{folder} holds no {backend} graph ({'it holds ' + held['name'] if held else 'torch only'}); "
                          f"write one with `adapt export {folder} -o DIR --backend {backend}`")
 
@@ -413,7 +361,7 @@ def _load_graph_encoder(path: Path, model_dir: Path, graph: dict, st: dict, *, p
 
     if dtype not in ("auto", None, "fp32", "float32", torch.float32) or (device or "cpu") != "cpu":
         raise ConfigError(f"{path} runs its {graph['name']} graph on the CPU as it was exported; dtype and device "
-                          "apply to torch: pass backend='torch' (--backend torch) to use them")
+                          f"apply to torch: pass backend='{backends.TORCH}' (--backend {backends.TORCH}) to use them")
     try:
         config = AutoConfig.from_pretrained(model_dir)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -439,8 +387,8 @@ def backend_encoder(folder, torch_encoder: Encoder, model) -> Encoder:
 
 
 def backend_of(encoder: Encoder) -> str:
-    """The backend an encoder runs: torch, onnx or openvino."""
-    return getattr(encoder.model, "backend", "torch")
+    """The backend an encoder runs (a name of :mod:`adapt.export.backends`)."""
+    return getattr(encoder.model, "backend", backends.TORCH)
 
 
 from adapt.inference.mteb_model import MTEBAdapter  # noqa: E402,F401 - kept importable from here

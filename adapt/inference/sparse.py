@@ -27,6 +27,7 @@ import torch
 
 from adapt.errors import ConfigError, ModelLoadError
 from adapt.files import atomic_path
+from adapt.inference.texts import read_texts
 from adapt.model.loading import parse_dtype
 
 FORMATS = (".jsonl", ".parquet")
@@ -200,6 +201,19 @@ def embed_sparse(source, texts: Iterable[str], output_path=None, *, n: int | Non
     return SparseEmbedSummary(n=n, dim=model.dim, seconds=round(time.perf_counter() - start, 3),
                               output=str(output_path) if output_path not in (None, "-") else "-", empty=model.empty,
                               active_terms=active / max(n, 1))
+
+
+def embed_sparse_folder(source, texts, input_path, output_path, *, field: str = "text", prompt_name=None,
+                        batch_size: int = 32, max_length=None, dtype="auto", device=None, chunk_size: int = 10_000,
+                        show_progress: bool = True, **_) -> SparseEmbedSummary:
+    """``adapt embed`` of a sparse encoder folder (the ``sparse`` entry of :mod:`adapt.export.kinds`): the output
+    format is checked before the input is opened and the model loaded; the dense-only options (shards, normalize,
+    backend), refused by :func:`adapt.inference.embed.embed`, are not used."""
+    check_sparse_output(output_path)
+    stream, n = read_texts(input_path, texts, field=field)
+    return embed_sparse(source, stream, output_path, n=n, prompt_name=prompt_name, batch_size=batch_size,
+                        max_length=max_length, dtype=dtype, device=device, chunk_size=chunk_size,
+                        show_progress=show_progress)
 
 
 def _write_parquet(path, batches) -> None:

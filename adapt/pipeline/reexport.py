@@ -21,17 +21,17 @@ from pathlib import Path
 import torch
 
 from adapt.config import run_folder
-from adapt.model.families import preferred_attention
-from adapt.model.bidirectional import is_bidirectional
 from adapt.data.token_store import resolve_data_sources, resolve_sources
-from adapt.export.dim_order import stage_texts
-from adapt.errors import ConfigError, ModelLoadError, NotBidirectionalError
+from adapt.export import kinds
+from adapt.export.backends import TORCH
+from adapt.export.dim_order import fitted_order, stage_texts
+from adapt.errors import ConfigError, ModelLoadError
 from adapt.export.dense import MANIFEST, export_encoder
+from adapt.export.kinds import SPARSE
 from adapt.files import read_json
 from adapt.objectives import build_objective
 from adapt.pipeline.stage import load_model, ordered_dims
-from adapt.export.sparse import SPARSE, export_sparse, is_sparse_folder, reexport_sparse
-from adapt.export.folder import previous_rotation
+from adapt.export.sparse import export_sparse
 from adapt.model.tuning import apply_tuning
 
 log = logging.getLogger(__name__)
@@ -138,26 +138,19 @@ def _model_folder(source: Path) -> Path:
     raise ModelLoadError(f"{source} is not a model folder: no config.json in it or in {source / 'model'}")
 
 
-def _tokenizer_folder(model_dir: Path) -> Path:
-    """The nearest folder at or above ``model_dir`` (up to a run folder's root) with tokenizer files."""
-    for folder in [model_dir, *model_dir.parents][:5]:
-        if (folder / "tokenizer_config.json").is_file() or (folder / "tokenizer.json").is_file():
-            return folder
-    raise ModelLoadError(f"no tokenizer found in {model_dir} or the folders above it")
-
-
 def export_from_path(source, out_dir, *, pooling: str | None = None, normalize: bool | None = None,
                      max_seq_length: int | None = None, prompts: dict[str, str] | None = None, dtype=None,
-                     card: dict | None = None, backend: str = "torch", quantize: str | None = None,
+                     card: dict | None = None, backend: str = TORCH, quantize: str | None = None,
                      kind: str | None = None, top_k: int | None = None, order_dims: str | None = None,
                      data: list[str] | None = None) -> Path:
     """``adapt export SOURCE -o DIR``: re-export a converted run folder, an exported encoder or a checkpoint.
 
-    ``kind`` "sparse": a SPLADE encoder of the causal LM with the head its run trained
+    ``kind`` (:mod:`adapt.export.kinds`) "sparse": a SPLADE encoder of the causal LM with the head its run trained
     (:mod:`adapt.export.sparse`; ``top_k`` keeps each vector's k largest weights); "dense": an embedding
-    encoder; None: as SOURCE was exported (a checkpoint: as its stage exports).
+    encoder; None: as SOURCE was exported (a checkpoint: as its stage exports). A folder is re-exported by its
+    kind's ``reexport``.
 
-    ``backend`` "onnx" or "openvino" (``quantize`` None or "int8"): the encoder is exported to a
+    ``backend`` a graph backend of :mod:`adapt.export.backends` (``quantize`` None or "int8"): the encoder is exported to a
     scratch folder, its graph added and checked there (:func:`adapt.export.graphs.add_backend`), and
     only then moved to ``out_dir``; a refused graph leaves ``out_dir`` as it was.
 
@@ -172,31 +165,14 @@ def export_from_path(source, out_dir, *, pooling: str | None = None, normalize: 
     ``data`` (for a checkpoint, by default on its run's training data); "none": as pooled; None: as SOURCE
     was exported (a checkpoint: as its run's ``export.order_dims`` says).
     """
-    if order_dims not in (None, "none", "pca"):
-        raise ConfigError(f"unknown dimension order {order_dims!r}: pca or none")
-    if data and order_dims != "pca":
-        raise ConfigError("--data is the text that --order-dims pca fits the axes on: add --order-dims pca")
-    if data:  # a missing file: said before any model loads
-        resolve_sources(resolve_data_sources([data] if isinstance(data, str) else list(data)))
-    if order_dims is not None and (kind == SPARSE or top_k is not None):
-        raise ConfigError("--order-dims orders a dense vector's dimensions; a sparse vector's are vocabulary terms")
-    if kind not in (None, "dense", SPARSE):
-        raise ConfigError(f"unknown export kind {kind!r}: dense or sparse")
-    if top_k is not None and kind == "dense":
-        raise ConfigError("--top-k prunes sparse vectors: it does not apply to --kind dense")
-    kind = SPARSE if top_k is not None else kind
-    if kind == SPARSE and (pooling or normalize):
-        raise ConfigError("a sparse encoder pools the LM head's logits (max of log1p(relu)): --pooling and "
-                          "--normalize apply to dense exports")
-    if backend not in (None, "torch"):
-        if kind == SPARSE or (kind is None and is_sparse_folder(source)):
+    kind = _checked_kind(kind, top_k=top_k, pooling=pooling, normalize=normalize, order_dims=order_dims, data=data)
+    if backend not in (None, TORCH):
+        if "backend" not in (kinds.get(kind) if kind else kinds.of_folder(source)).options:
             raise ConfigError("ONNX/OpenVINO graphs are written for dense encoders only: export the sparse encoder "
                               "with the torch backend")
         return _export_with_backend(source, out_dir, backend, quantize, pooling=pooling, normalize=normalize,
                                     max_seq_length=max_seq_length, prompts=prompts, dtype=dtype, card=card,
                                     order_dims=order_dims, data=data)
-    from transformers import AutoConfig, AutoModel, AutoTokenizer
-
     source = Path(source)
     if not source.is_dir():
         raise ModelLoadError(f"{source} is not a folder")
@@ -210,43 +186,34 @@ def export_from_path(source, out_dir, *, pooling: str | None = None, normalize: 
         raise ConfigError("--order-dims pca fits the axes on text: pass --data PATH (the text the encoder was trained "
                           "on, or text like what it will embed)")
     model_dir = _model_folder(source)
-    previous = read_json(model_dir / MANIFEST)
-    if kind == SPARSE or (kind is None and previous.get("kind") == SPARSE):
-        if order_dims is not None:
-            raise ConfigError(f"{model_dir} is a sparse encoder: --order-dims orders a dense vector's dimensions; add "
-                              "--kind dense for a dense encoder of it")
-        return reexport_sparse(model_dir, out_dir, top_k=top_k, max_seq_length=max_seq_length, prompts=prompts,
-                               dtype=dtype, card=card)
-    if previous.get("kind") == SPARSE:  # a dense encoder of a sparse one: its SPLADE pooling does not apply
-        previous = {k: v for k, v in previous.items() if k not in ("pooling", "normalize")}
-    try:
-        config = AutoConfig.from_pretrained(model_dir)
-    except Exception as err:  # noqa: BLE001
-        raise ModelLoadError(f"{model_dir}: cannot read config.json: {err}") from err
-    if not is_bidirectional(config):
-        raise NotBidirectionalError(f"{model_dir} is a causal '{config.model_type}' model (config.is_causal is "
-                                    "not False): convert it with `adapt convert` before exporting it")
-    try:
-        model = AutoModel.from_pretrained(model_dir, config=config, attn_implementation=preferred_attention(config))
-        tokenizer = AutoTokenizer.from_pretrained(_tokenizer_folder(model_dir))
-    except Exception as err:  # noqa: BLE001
-        raise ModelLoadError(f"{model_dir}: cannot load the model or tokenizer: {err}") from err
-    settings = dict(pooling=pooling or previous.get("pooling", "mean"),
-                    max_seq_length=max_seq_length or previous.get("max_seq_length") or 512,
-                    prompts=previous.get("prompts") if prompts is None else prompts,
-                    sink_prompt=previous.get("sink_prompt") or "")
-    if order_dims is None:
-        rotation = previous_rotation(model_dir, previous, pooling)
-        order = previous.get("order_dims") if rotation is not None else None
-    else:
-        rotation, order = _fit_order(order_dims, data, model, tokenizer, settings, runs_texts=None)
-    return export_encoder(
-        model, tokenizer, out_dir, **settings,
-        normalize=previous.get("normalize", False) if normalize is None else normalize,
-        dtype=dtype if dtype is not None else previous.get("dtype"),
-        card={**previous.get("card", {}), **(card or {})},
-        source=previous.get("source") or str(source), matryoshka_dims=previous.get("matryoshka_dims"),
-        rotation=rotation, order=order)
+    target = kinds.get(kind) if kind else kinds.of_manifest(read_json(model_dir / MANIFEST))
+    if order_dims is not None and "order_dims" not in target.options:
+        raise ConfigError(f"{model_dir} is a sparse encoder: --order-dims orders a dense vector's dimensions; add "
+                          "--kind dense for a dense encoder of it")
+    options = dict(pooling=pooling, normalize=normalize, order_dims=order_dims, data=data, top_k=top_k)
+    return target.run("reexport", model_dir, out_dir, max_seq_length=max_seq_length, prompts=prompts, dtype=dtype,
+                      card=card, **{k: v for k, v in options.items() if k in target.options})
+
+
+def _checked_kind(kind, *, top_k, pooling, normalize, order_dims, data) -> str | None:
+    """The export kind asked (``--top-k`` implies sparse; None: as the source was exported), its options checked
+    before anything loads."""
+    if order_dims not in (None, "none", "pca"):
+        raise ConfigError(f"unknown dimension order {order_dims!r}: pca or none")
+    if data and order_dims != "pca":
+        raise ConfigError("--data is the text that --order-dims pca fits the axes on: add --order-dims pca")
+    if data:  # a missing file: said before any model loads
+        resolve_sources(resolve_data_sources([data] if isinstance(data, str) else list(data)))
+    wanted = SPARSE if top_k is not None else kind
+    if order_dims is not None and wanted is not None and "order_dims" not in kinds.get(wanted).options:
+        raise ConfigError("--order-dims orders a dense vector's dimensions; a sparse vector's are vocabulary terms")
+    if kind is not None and "top_k" not in kinds.get(kind).options and top_k is not None:
+        raise ConfigError(f"--top-k prunes sparse vectors: it does not apply to --kind {kind}")
+    kind = wanted
+    if kind is not None and (pooling or normalize) and "pooling" not in kinds.get(kind).options:
+        raise ConfigError("a sparse encoder pools the LM head's logits (max of log1p(relu)): --pooling and "
+                          "--normalize apply to dense exports")
+    return kind
 
 
 def _export_with_backend(source, out_dir, backend, quantize, **settings) -> Path:
@@ -268,18 +235,6 @@ def _export_with_backend(source, out_dir, backend, quantize, **settings) -> Path
     return out_dir
 
 
-def _fit_order(order_dims: str, data, model, tokenizer, settings: dict, runs_texts):
-    """(rotation, record) for ``--order-dims``: "none" -> (None, None); "pca" -> fitted on the documents of
-    ``data``, else on ``runs_texts()`` (a checkpoint's run data)."""
-    from adapt.export.dim_order import fit_order, fitting_texts
-
-    if order_dims == "none":
-        return None, None
-    texts = fitting_texts(data) if data else runs_texts()
-    return fit_order(model, tokenizer, texts, pooling=settings["pooling"], max_length=settings["max_seq_length"],
-                     prompt=(settings["prompts"] or {}).get("document", ""), sink_prompt=settings["sink_prompt"])
-
-
 def _export_checkpoint(ckpt: Path, out_dir, *, pooling, normalize, max_seq_length, prompts, dtype, card, kind=None,
                        top_k=None, order_dims=None, data=None) -> Path:
     """Export a training checkpoint: the run rebuilt from its config, LoRA merged; settings default to the run's."""
@@ -293,7 +248,7 @@ def _export_checkpoint(ckpt: Path, out_dir, *, pooling, normalize, max_seq_lengt
     exp, objective = cfg.export, build_objective(cfg)
     if prompts is None:  # as the run exported them: the objective's own (contrastive.query_prompt), then export's
         prompts = {**objective.export_prompts(), **(exp.prompts or {})} or None
-    if kind == SPARSE or (kind is None and objective.export_kind == SPARSE):
+    if (kind or objective.export_kind) == SPARSE:
         return export_sparse(loaded.model, loaded.tokenizer, out_dir, term_bias=loaded.term_bias,
                              query_idf=loaded.query_idf,
                              top_k=top_k if top_k is not None else
@@ -307,7 +262,7 @@ def _export_checkpoint(ckpt: Path, out_dir, *, pooling, normalize, max_seq_lengt
         fitted = replace(cfg, export=replace(exp, pooling=settings["pooling"], max_seq_length=settings["max_seq_length"]))
         rotation, order = ordered_dims(fitted, loaded.model, loaded.tokenizer, settings["prompts"])
     else:
-        rotation, order = _fit_order(order_dims, data, loaded.model, loaded.tokenizer, settings,
+        rotation, order = fitted_order(order_dims, data, loaded.model, loaded.tokenizer, settings,
                                      runs_texts=lambda: stage_texts(cfg))
     return export_encoder(loaded.model, loaded.tokenizer, out_dir, **settings,
                           normalize=exp.normalize if normalize is None else normalize,

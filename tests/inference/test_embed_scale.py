@@ -14,7 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from adapt.export.graphs import add_backend
-from adapt.inference.graph_model import GRAPH_FILES, folder_backend
+from adapt.export.backends import graph_backend
+from adapt.inference.graph_model import folder_backend
 from adapt.model.bidirectional import make_bidirectional, probe
 from adapt.cli import main
 from adapt.inference.embed import embed, merge_shards
@@ -238,7 +239,7 @@ def test_onnx_export_per_family(family, tmp_path):
     record = add_backend(folder, "onnx")
     assert record["probe"]["bidirectional"] and record["probe"]["family"] == family
     assert record["parity"]["min_cosine"] >= 0.9999
-    assert folder_backend(folder)["name"] == "onnx" and (folder / GRAPH_FILES["onnx"]).is_file()
+    assert folder_backend(folder)["name"] == "onnx" and (folder / graph_backend("onnx").graph_file).is_file()
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(folder / "onnx/model.onnx"), providers=["CPUExecutionProvider"])
