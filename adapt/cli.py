@@ -297,8 +297,12 @@ def embed(encoder, texts, input_path, output_path, field, prompt_name, batch_siz
 @click.option("--data", "train_path", required=True, type=click.Path(exists=True, dir_okay=False), help="Labeled training text (.jsonl, .csv, .parquet).")
 @click.option("--eval", "eval_path", type=click.Path(exists=True, dir_okay=False), help="Dev split for early stopping (default: 20% of --data).")
 @click.option("-o", "--out", required=True, type=click.Path(file_okay=False))
-@click.option("--text-field", default="text", show_default=True)
-@click.option("--label-field", default="label", show_default=True)
+@click.option("--kind", type=click.Choice(["sequence", "pair", "token"]), default="sequence", show_default=True,
+              help="sequence: a label a text; pair: a label a pair of texts (--pair-field); token: a tag a word "
+              "(fields tokens and tags, saved for pipeline('token-classification')).")
+@click.option("--text-field", help="default: text (token: tokens)")
+@click.option("--label-field", help="default: label (token: tags)")
+@click.option("--pair-field", default="text_pair", show_default=True, help="--kind pair: the second text's field.")
 @click.option("--tuning", type=click.Choice(["full", "lora"]), default="full", show_default=True)
 @click.option("--epochs", type=int, default=3, show_default=True)
 @click.option("--lr", type=float)
@@ -308,13 +312,15 @@ def embed(encoder, texts, input_path, output_path, field, prompt_name, batch_siz
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--quiet", is_flag=True)
 @_friendly
-def finetune(encoder, train_path, eval_path, out, text_field, label_field, tuning, epochs, lr, batch_size, max_length, patience, seed, quiet):
-    """Fine-tune ENCODER into a sequence classifier that plain transformers loads (pipeline, AutoModel...)."""
+def finetune(encoder, train_path, eval_path, out, kind, text_field, label_field, pair_field, tuning, epochs, lr,
+             batch_size, max_length, patience, seed, quiet):
+    """Fine-tune ENCODER into a sequence, pair or token classifier that plain transformers loads (pipeline,
+    AutoModelForSequenceClassification, AutoModelForTokenClassification)."""
     from adapt.pipeline.finetune import finetune as run
 
     _no_bitsandbytes()
     metrics = run(encoder, train_path, out, eval_path=eval_path, text_field=text_field, label_field=label_field,
-                  tuning=tuning, epochs=epochs, lr=lr, batch_size=batch_size, max_length=max_length,
+                  kind=kind, pair_field=pair_field, tuning=tuning, epochs=epochs, lr=lr, batch_size=batch_size, max_length=max_length,
                   patience=patience, seed=seed, show_progress=not quiet)
     click.echo(json.dumps(metrics, indent=2, default=str))
 
@@ -344,7 +350,9 @@ def classify(model_dir, texts, input_path, output_path, field, batch_size):
 @main.command()
 @click.argument("models", nargs=-1, required=True)
 @click.option("--suite", help="Task suite: quick (offline, minutes), standard (offline, 8 tasks, test split), "
-              "standard-dev (its dev split: choose recipes there), mteb-lite (needs a network).")
+              "standard-dev (its dev split: choose recipes there), finetune (each model fine-tuned, LoRA, 3 seeds, "
+              "on 7 classification, pair and token tasks; test items), finetune-dev (its dev items), mteb-lite "
+              "(needs a network).")
 @click.option("--task", "tasks", multiple=True, help="A task name, or a task folder (BEIR retrieval, train/test jsonl, pairs.jsonl). Repeatable.")
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), default="bench-results", show_default=True)
 @click.option("--baselines", is_flag=True, help="Also score each converted model's source decoder (causal: mean, "
@@ -357,10 +365,11 @@ def classify(model_dir, texts, input_path, output_path, field, batch_size):
 @click.option("--no-card", is_flag=True, help="Do not write the scores into the model cards of adapt encoders.")
 @click.option("--dims", help="Score each model's vectors cut to each of these sizes, e.g. full,256,64 (Matryoshka): "
               "rows NAME@dim=N.")
+@click.option("--seeds", type=int, help="Fine-tuned suites: fine-tuning seeds per model and task (default 3).")
 @click.option("--quiet", is_flag=True)
 @_friendly
 def bench(models, suite, tasks, out_dir, baselines, source, batch_size, max_length, limit, no_cache, no_card, dims,
-          quiet):
+          seeds, quiet):
     """Benchmark MODELS (encoders, converted runs, raw decoders as PATH@pooling=last,bidirectional=false,
     sentence-transformers models) on retrieval, classification and similarity, side by side.
 
@@ -377,7 +386,8 @@ def bench(models, suite, tasks, out_dir, baselines, source, batch_size, max_leng
         tasks = [t for t in task_refs(suite, None) if t not in tasks] + tasks
     report = run_bench(list(models), suite=suite, tasks=tasks or None, out_dir=out_dir, baselines=baselines,
                        source=source, batch_size=batch_size, max_length=max_length, limit=limit,
-                       show_progress=not quiet, use_cache=not no_cache, update_cards=not no_card, dims=dims)
+                       show_progress=not quiet, use_cache=not no_cache, update_cards=not no_card, dims=dims,
+                       seeds=seeds)
     if report is not None:  # None in processes other than 0 of a multi-process launch
         click.echo(report.markdown)
 

@@ -47,7 +47,7 @@ SUBLAYERS = {
         ("tasks", {"tasks"}),
         ("task families and baselines", {"suites", "bm25", "sparse"}),
         ("models, sizes and verdicts", {"models", "dims", "verdict"}),
-        ("the runner", {"runner"}),
+        ("the runner", {"runner", "finetuned"}),
         ("the package", {""}),
     ],
 }

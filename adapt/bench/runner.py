@@ -30,7 +30,7 @@ from adapt.bench.models import (REFERENCE_LABEL, Loader, ModelSpec, SharedLoads,
                                 default_loader, default_reference, encoder_key, expand_models)
 from adapt.bench.report import BenchReport, versions, write_reports
 from adapt.bench.sparse import SparseRetriever
-from adapt.bench.tasks import Task
+from adapt.bench.tasks import FinetuneTask, Task
 from adapt.inference.shards import Processes, barrier, end_group, processes, start_group
 from adapt.files import atomic_write_text
 from adapt.model.loading import resolve_source
@@ -115,7 +115,8 @@ def run_bench(models: list, *, suite: str | None = "quick", tasks: list | None =
               out_dir: str | Path, baselines: bool = False, source: str | None = None, batch_size: int = 32,
               max_length: int | None = 256, limit: int | None = None, show_progress: bool = True,
               loader: Loader | None = None, use_cache: bool = True, update_cards: bool = True,
-              references: bool | None = None, reference: str | None = None, dims=None) -> BenchReport | None:
+              references: bool | None = None, reference: str | None = None, dims=None,
+              seeds: int | None = None) -> BenchReport | None:
     """Score ``models`` on a suite (or on ``tasks``) and write results.json/.md/.png under ``out_dir``.
 
     ``models``: paths / hub ids / ``SOURCE@pooling=last,bidirectional=false`` strings, ModelSpec
@@ -135,6 +136,9 @@ def run_bench(models: list, *, suite: str | None = "quick", tasks: list | None =
     return None once it is written.
     ``dims`` (``[576, 256, 64]`` or ``"full,256,64"``): score each model's vectors cut to each size, as rows
     ``NAME@dim=256`` (``adapt.bench.dims``); the reference is then taken at the first size.
+    Fine-tuned tasks (suites ``finetune``, ``finetune-dev``) fine-tune each model instead of embedding
+    (:mod:`adapt.bench.finetuned`, ``seeds`` fine-tuning seeds each, default 3); they run apart from
+    embedding tasks.
     """
     from tqdm.auto import tqdm
 
@@ -144,6 +148,16 @@ def run_bench(models: list, *, suite: str | None = "quick", tasks: list | None =
     if limit is not None:
         resolved = [t.limited(limit) if isinstance(t, Task) else t for t in resolved]
     names = [t.name for t in resolved]
+    tuned = [isinstance(t, FinetuneTask) for t in resolved]
+    if any(tuned):
+        if not all(tuned) or dims:
+            raise ConfigError("fine-tuned tasks (the finetune suites) run apart from embedding tasks and without "
+                              "--dims: run them in a bench of their own")
+        from adapt.bench.finetuned import run_finetune_bench
+
+        return run_finetune_bench(models, resolved, out_dir=out_dir, baselines=baselines, references=references,
+                                  source=source, seeds=seeds, reference=reference, show_progress=show_progress,
+                                  title=f"adapt bench: {suite}" if not tasks and suite else "adapt bench: fine-tuned")
     if len(set(names)) != len(names):
         raise ConfigError(f"two tasks share a name: {names}; give a task folder a different name in its task.json")
     entries = expand_models(list(models), baselines, source, baselines if references is None else references)

@@ -10,6 +10,11 @@ What is resampled (with replacement, ``B = 1000`` times, the items of the task's
   Spearman correlation of the resampled pairs.
 * clustering: the clustered items, each carrying (gold label, cluster id) from one k-means run on
   all items; the statistic is the V-measure of the resampled items.
+* fine-tuned classification (``adapt bench --suite finetune``): the scored items (texts, pairs or words)
+  AND the fine-tuning seeds, each item carrying its gold label and one prediction a seed; the statistic
+  is the accuracy or macro-F1 of the resampled items averaged over the resampled seeds, so the interval
+  covers the variance of fine-tuning as well as that of the items. The seeds are drawn alike for every
+  model (seed s of one model is paired with seed s of another: same head initialisation and data order).
 
 The resampled index sets depend only on the task name and its number of items, so every model is
 resampled identically: the difference between two models is a *paired* bootstrap (its
@@ -30,7 +35,8 @@ import numpy as np
 B = 1000
 LEVEL = 0.95
 ALPHA = 0.05
-STATISTICS = ("mean", "spearman", "v_measure")
+STATISTICS = ("mean", "spearman", "v_measure", "accuracy_over_seeds", "macro_f1_over_seeds")
+OVER_SEEDS = ("accuracy_over_seeds", "macro_f1_over_seeds")
 
 
 @dataclass
@@ -39,7 +45,8 @@ class ItemScores:
 
     ``statistic="mean"``: ``values`` is (n,), the per-item scores. ``"spearman"``: (n, 2), the
     predicted and gold similarity of each pair. ``"v_measure"``: (n, 2), the gold label code and
-    the cluster id of each item.
+    the cluster id of each item. ``"accuracy_over_seeds"``, ``"macro_f1_over_seeds"``: (n, 1 + S), the
+    gold label id then the predicted label id of each of S fine-tuning seeds.
     """
 
     statistic: str
@@ -57,12 +64,36 @@ class ItemScores:
         return len(self.values)
 
     def value(self) -> float:
-        """The statistic on all items (the reported score)."""
+        """The statistic on all items (the reported score; over seeds: the mean over all the seeds)."""
+        if self.statistic in OVER_SEEDS:
+            seeds = self.values.shape[1] - 1
+            return float(self._over_seeds(self.values[None, :, :], np.arange(seeds)[None, :])[0])
         return float(self.resampled(np.arange(self.n)[None, :])[0])
+
+    def _over_seeds(self, data: np.ndarray, seeds: np.ndarray) -> np.ndarray:
+        """data (B, n, 1 + S), seeds (B, k) seed columns: the statistic averaged over each row's seeds."""
+        gold = data[..., 0].astype(np.int64)
+        out = np.zeros(len(data))
+        labels = int(self.values.max()) + 1
+        for j in range(seeds.shape[1]):
+            pred = np.take_along_axis(data[..., 1:], seeds[:, j][:, None, None], axis=2)[..., 0].astype(np.int64)
+            if self.statistic == "accuracy_over_seeds":
+                out += (pred == gold).mean(axis=1)
+                continue
+            for row in range(len(data)):  # macro-F1 over the labels that occur as truth or prediction
+                cm = np.bincount(gold[row] * labels + pred[row], minlength=labels * labels).reshape(labels, labels)
+                tp, support, predicted = np.diag(cm), cm.sum(1), cm.sum(0)
+                present = support + predicted > 0
+                out[row] += (2 * tp[present] / (support[present] + predicted[present])).mean()
+        return out / seeds.shape[1]
 
     def resampled(self, idx: np.ndarray) -> np.ndarray:
         """The statistic on each row of item indices ``idx`` (B, n): (B,)."""
         data = self.values[idx]
+        if self.statistic in OVER_SEEDS:  # the seeds resampled too, alike for every model with as many
+            seeds = self.values.shape[1] - 1
+            rng = np.random.default_rng(zlib.crc32(f"seeds|{self.n}|{seeds}|{len(idx)}".encode()))
+            return self._over_seeds(data, rng.integers(0, seeds, size=(len(idx), seeds)))
         if self.statistic == "mean":
             return data.mean(axis=1)
         if self.statistic == "spearman":

@@ -131,7 +131,7 @@ class ClassificationTask(Task):
         return len(self.test_texts)
 
     def limited(self, limit):
-        train, test = _balanced_head(self.train_labels, limit), _balanced_head(self.test_labels, limit)
+        train, test = balanced_head(self.train_labels, limit), balanced_head(self.test_labels, limit)
         return dataclasses.replace(self, train_texts=[self.train_texts[i] for i in train],
                                    train_labels=[self.train_labels[i] for i in train],
                                    test_texts=[self.test_texts[i] for i in test],
@@ -205,11 +205,46 @@ class ClusteringTask(Task):
         return len(self.texts)
 
     def limited(self, limit):
-        keep = _balanced_head(self.labels, limit)
+        keep = balanced_head(self.labels, limit)
         return dataclasses.replace(self, texts=[self.texts[i] for i in keep], labels=[self.labels[i] for i in keep])
 
 
-def _balanced_head(labels: list[str], limit: int) -> list[int]:
+@dataclass
+class FinetuneTask(Task):
+    """A model fine-tuned on ``train`` (examples and labels) and scored on ``eval`` (``adapt bench --suite
+    finetune``; :mod:`adapt.bench.finetuned` runs it, no embeddings). ``examples``: ``sequence`` (texts),
+    ``pair`` (``[text, text_pair]``) or ``token`` (word lists, a tag list each)."""
+
+    examples: str = "sequence"
+    train_examples: list = field(default_factory=list)
+    train_labels: list = field(default_factory=list)
+    eval_examples: list = field(default_factory=list)
+    eval_labels: list = field(default_factory=list)
+    kind = "fine-tuned"
+    main_metric = "accuracy"
+
+    def groups(self):
+        return {}
+
+    def evaluate(self, embeddings):
+        raise TypeError(f"{self.name} is scored by fine-tuning a model (adapt.bench.finetuned), not on embeddings")
+
+    @property
+    def n(self) -> int:
+        """Scored items: texts, pairs, or (token tasks) words."""
+        return sum(map(len, self.eval_labels)) if self.examples == "token" else len(self.eval_labels)
+
+    def limited(self, limit):
+        first = (lambda y: y[0]) if self.examples == "token" else (lambda y: y)
+        train = balanced_head([first(y) for y in self.train_labels], limit)
+        test = balanced_head([first(y) for y in self.eval_labels], limit)
+        return dataclasses.replace(self, train_examples=[self.train_examples[i] for i in train],
+                                   train_labels=[self.train_labels[i] for i in train],
+                                   eval_examples=[self.eval_examples[i] for i in test],
+                                   eval_labels=[self.eval_labels[i] for i in test])
+
+
+def balanced_head(labels: list[str], limit: int) -> list[int]:
     """Up to ``limit`` indices taken round-robin over the labels (so every label stays), in order."""
     queues = {label: [i for i, x in enumerate(labels) if x == label] for label in dict.fromkeys(labels)}
     keep: list[int] = []
@@ -225,4 +260,5 @@ TASK_CLASSES: dict[str, type[Task]] = {
     "classification": ClassificationTask,
     "similarity": SimilarityTask,
     "clustering": ClusteringTask,
+    "fine-tuned": FinetuneTask,
 }

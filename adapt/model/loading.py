@@ -309,17 +309,26 @@ def load_decoder(cfg: ModelConfig, tuning: TuningConfig | None = None, *, bidire
     return model, tokenizer
 
 
-def load_sequence_classifier(model_dir, labels: list[str], *, dtype: torch.dtype = torch.float32):
-    """``(model, tokenizer)``: a ``*ForSequenceClassification`` on the backbone in ``model_dir`` (a model
-    folder or hub id), bidirectional, with a new ``score`` head for ``labels`` (names, in id order).
+CLASSIFIER_HEADS = ("sequence", "token")  # *ForSequenceClassification (one label a text), *ForTokenClassification
+
+
+def load_sequence_classifier(model_dir, labels: list[str], *, dtype: torch.dtype = torch.float32,
+                             head: str = "sequence", bidirectional: bool = True):
+    """``(model, tokenizer)``: a ``*ForSequenceClassification`` (``head="token"``: ``*ForTokenClassification``)
+    on the backbone in ``model_dir`` (a model folder or hub id), with a new head for ``labels`` (names, in id
+    order); bidirectional unless ``bidirectional=False`` (a decoder kept causal: the baseline transformers'
+    own class is).
 
     The family's preferred attention is used, the tokenizer pads on the right with a pad token (EOS or
     UNK when it has none), and ``config.pad_token_id`` is that token, as the class's last-token pooling
     needs. An encoder folder's transformer path is resolved by the caller (:mod:`adapt.export.dense` sits above).
     """
-    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoModelForTokenClassification, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
+    if head not in CLASSIFIER_HEADS:
+        raise ConfigError(f"head must be one of {', '.join(CLASSIFIER_HEADS)}, not {head!r}")
+    auto = AutoModelForSequenceClassification if head == "sequence" else AutoModelForTokenClassification
     id2label = dict(enumerate(labels))
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the new head is expected to be freshly initialised
@@ -332,13 +341,14 @@ def load_sequence_classifier(model_dir, labels: list[str], *, dtype: torch.dtype
                                             label2id={v: k for k, v in id2label.items()})
         config.pad_token_id = tokenizer.pad_token_id
         check_quantized_weights(config, model_dir)
-        prepare_config(config)
-        model = AutoModelForSequenceClassification.from_pretrained(
-            str(model_dir), config=config, attn_implementation=preferred_attention(config), dtype=dtype)
+        if bidirectional:
+            prepare_config(config)
+        model = auto.from_pretrained(str(model_dir), config=config, attn_implementation=preferred_attention(config),
+                                     dtype=dtype)
     except ConfigError:
         raise
     except Exception as err:  # noqa: BLE001
-        raise ModelLoadError(f"cannot load a classifier base from {model_dir}: {type(err).__name__}: {err}") from err
+        raise ModelLoadError(f"cannot load a {head} classifier base from {model_dir}: {type(err).__name__}: {err}") from err
     finally:
         hf_logging.set_verbosity(verbosity)
     return model, tokenizer

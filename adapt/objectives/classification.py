@@ -1,4 +1,4 @@
-"""Sequence classification: cross-entropy on labeled texts, evaluated by accuracy and macro-F1.
+"""Sequence and token classification: cross-entropy on labeled texts, evaluated by accuracy and macro-F1.
 
 Not a ``convert --stages`` kind (no ``KINDS``): :func:`adapt.pipeline.finetune.finetune` builds it directly
 and runs it in the one loop (:class:`adapt.training.loop.Trainer`). The model is a transformers
@@ -9,6 +9,10 @@ through the same ``score`` layer.
 Batches: the training examples in the order of :func:`adapt.data.batches.batch_iterator` (epoch ``e`` is
 a permutation seeded by ``(seed, e)``, the last batch of an epoch may be short), so optimizer step k
 is a pure function of (seed, k, rank) and ``steps_per_epoch`` steps are one pass over the data.
+
+Token classification (a ``*ForTokenClassification`` model): a label row per text, one id per token and
+:data:`IGNORE` where a token is not scored (a word's later sub-tokens, special tokens, padding); accuracy
+and macro-F1 then count the scored tokens.
 """
 from __future__ import annotations
 
@@ -22,6 +26,15 @@ from adapt.errors import ConfigError
 from adapt.objectives import ObjectiveBase, StepOutput
 
 POOLINGS = ("last", "mean")
+IGNORE = -100  # a token with no label (cross-entropy's ignore_index)
+
+
+def pad_labels(rows: list[list[int]], width: int) -> torch.Tensor:
+    """Token label rows right-padded with :data:`IGNORE` to ``width``: (B, width)."""
+    out = torch.full((len(rows), width), IGNORE, dtype=torch.long)
+    for i, row in enumerate(rows):
+        out[i, :len(row)] = torch.tensor(row[:width])
+    return out
 
 
 def pad_batch(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,7 +84,12 @@ class ClassifierModule(torch.nn.Module):
             mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
             mean = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)  # (B, H)
             logits = score_layer(inner)(mean)
-        loss = None if labels is None else torch.nn.functional.cross_entropy(logits.float(), labels)
+        if labels is None:
+            loss = None
+        elif logits.dim() == 3:  # token classification: (B, T, C) against (B, T) with IGNORE
+            loss = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=IGNORE)
+        else:
+            loss = torch.nn.functional.cross_entropy(logits.float(), labels)
         return {"logits": logits, "loss": loss}
 
 
@@ -89,7 +107,8 @@ def scores_from_confusion(confusion: np.ndarray) -> dict:
 
 
 class Classification(ObjectiveBase):
-    """Cross-entropy on ``train`` (token-id rows, label ids), accuracy and macro-F1 on ``dev``."""
+    """Cross-entropy on ``train`` (token-id rows, label ids; for token classification a label row per
+    text), accuracy and macro-F1 on ``dev``."""
 
     kind = "classification"
     loss_name = "cross-entropy"
@@ -104,6 +123,12 @@ class Classification(ObjectiveBase):
         self.dev_ids, self.dev_labels = dev
         self.num_labels, self.pad_id, self.pooling = num_labels, pad_id, pooling
         self.batch_size, self.seed, self.eval_batch_size = batch_size, seed, eval_batch_size
+        self.tokens = bool(self.train_labels) and isinstance(self.train_labels[0], (list, tuple))
+        if self.tokens and pooling != "last":
+            raise ConfigError("token classification labels every token: it takes no pooling (leave pooling='last')")
+
+    def _labels(self, labels: list, width: int) -> torch.Tensor:
+        return pad_labels(labels, width) if self.tokens else torch.tensor(labels)
 
     def steps_per_epoch(self, world_size: int = 1) -> int:
         """Optimizer steps of one pass over the training examples (the last batch may be short)."""
@@ -123,7 +148,7 @@ class Classification(ObjectiveBase):
         if not len(rows):  # a short last batch left this process nothing: run one row that counts for nothing
             rows, weight = np.arange(1), 0.0
         x, m = pad_batch([self.train_ids[i] for i in rows], self.pad_id)
-        y = torch.tensor([self.train_labels[i] for i in rows])
+        y = self._labels([self.train_labels[i] for i in rows], x.shape[1])
         loss = module(x.to(accelerator.device), m.to(accelerator.device), y.to(accelerator.device))["loss"] * weight
         accelerator.backward(loss)
         return StepOutput(loss.detach(), int(m.sum()) * accelerator.num_processes, "classification")
@@ -144,8 +169,11 @@ class Classification(ObjectiveBase):
             x, m = pad_batch([self.dev_ids[i] for i in rows], self.pad_id)
             predicted = module(x.to(acc.device), m.to(acc.device))["logits"].argmax(-1).cpu()
             if counted:
-                truth = torch.tensor([self.dev_labels[i] for i in rows])
-                confusion.index_put_((truth, predicted), torch.ones(len(rows), dtype=torch.float64), accumulate=True)
+                truth = self._labels([self.dev_labels[i] for i in rows], x.shape[1])
+                if self.tokens:  # the scored tokens only
+                    scored = truth != IGNORE
+                    truth, predicted = truth[scored], predicted[scored]
+                confusion.index_put_((truth, predicted), torch.ones(len(truth), dtype=torch.float64), accumulate=True)
         module.train(was_training)
         total = acc.gather_for_metrics(confusion.to(acc.device).unsqueeze(0)).sum(0).cpu().numpy()
         return {f"eval/{k}": v for k, v in scores_from_confusion(total).items()}

@@ -36,10 +36,8 @@ favours mean pooling enough to justify custom code or a head refit.
 from __future__ import annotations
 
 import json
-import random
 import shutil
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -47,28 +45,44 @@ import torch
 
 from adapt.model.families import preferred_attention
 from adapt.model.bidirectional import assert_bidirectional
-from adapt.config.settings import TrainConfig, TuningConfig
 from adapt.inference.embed import read_texts
 from adapt.errors import ConfigError, DataError, ModelLoadError, OutputExistsError
 from adapt.export.dense import pin_attention
 from adapt.files import atomic_path, read_jsonl
-from adapt.config.run_folder import CHECKPOINTS, RUN
-from adapt.model.loading import load_sequence_classifier, looks_like_hub_id
-from adapt.objectives.classification import POOLINGS, Classification, ClassifierModule, pad_batch, score_layer
+from adapt.config.run_folder import RUN
+from adapt.model.loading import looks_like_hub_id
+from adapt.objectives.classification import POOLINGS, pad_batch, score_layer
+from adapt.pipeline.classifiers import (accuracy_and_f1, encode, fit_classifier, head_of, predict, stratified_split,
+                                        unique_labels)
 from adapt.data.readers import file_format, iter_lines, iter_records
 from adapt.export.folder import folder_kind, read_st_settings
-from adapt.training.loop import Trainer, build_accelerator
-from adapt.model.tuning import apply_tuning, merged_model
 
 MARKER = "adapt_classifier.json"
 
 
-def read_labeled(path, text_field: str = "text", label_field: str = "label") -> tuple[list[str], list[str]]:
-    """Texts and label names from JSON lines/CSV/Parquet (named fields) or text (``__label__NAME text``
-    lines, fastText's format), compressed or not: any file :mod:`adapt.data.readers` reads."""
+def read_labeled(path, text_field: str = "text", label_field: str = "label", *, kind: str = "sequence",
+                 pair_field: str = "text_pair") -> tuple[list, list]:
+    """Examples and labels from JSON lines/CSV/Parquet (named fields) or text (``__label__NAME text`` lines,
+    fastText's format), compressed or not: any file :mod:`adapt.data.readers` reads.
+
+    ``kind="pair"``: each example is ``(text, text_pair)`` (fields ``text_field`` and ``pair_field``).
+    ``kind="token"``: JSON lines whose ``text_field`` is a list of words and ``label_field`` a list of as many
+    tags (e.g. ``{"tokens": ["Paris", "is"], "tags": ["B-LOC", "O"]}``)."""
     path = Path(path)
     texts, labels = [], []
-    if file_format(path) == "text":
+    if kind == "token":
+        for number, record in enumerate(read_jsonl(path), 1):
+            words, tags = record.get(text_field), record.get(label_field)
+            if not isinstance(words, list) or not isinstance(tags, list) or len(words) != len(tags) or not words:
+                raise DataError(f"{path}:{number}: token classification needs {text_field!r} (a list of words) and "
+                                f"{label_field!r} (as many tags), e.g. {{\"{text_field}\": [\"Paris\", \"is\"], "
+                                f"\"{label_field}\": [\"B-LOC\", \"O\"]}}")
+            texts.append([str(w) for w in words])
+            labels.append([str(t) for t in tags])
+    elif file_format(path) == "text":
+        if kind == "pair":
+            raise DataError(f"{path}: sentence pairs need named fields ({text_field!r}, {pair_field!r}): "
+                            "JSON lines, CSV or Parquet")
         for number, line in iter_lines(path):
             head, _, text = line.partition(" ")
             if line.strip() and not head.startswith("__label__"):
@@ -77,41 +91,25 @@ def read_labeled(path, text_field: str = "text", label_field: str = "label") -> 
                 texts.append(text)
                 labels.append(head.removeprefix("__label__"))
     else:
-        for where, record in iter_records(path, (label_field,), text_fields=(text_field,)):
-            if record[text_field] is None:  # iter_records let only text or null through
-                raise DataError(f"{where}: {text_field!r} is None, not text")
+        fields = (text_field, pair_field) if kind == "pair" else (text_field,)
+        for where, record in iter_records(path, (label_field,), text_fields=fields):
+            for name in fields:
+                if record[name] is None:  # iter_records let only text or null through
+                    raise DataError(f"{where}: {name!r} is None, not text")
             if record[label_field] is None or isinstance(record[label_field], (list, dict)):
                 raise DataError(f"{where}: {label_field!r} is {record[label_field]!r}, not a label")
-            texts.append(record[text_field])
+            texts.append((record[text_field], record[pair_field]) if kind == "pair" else record[text_field])
             labels.append(str(record[label_field]))
     if not texts:
         raise DataError(f"{path}: no labeled texts")
     return texts, labels
 
 
-def _split(texts, labels, fraction: float, seed: int):
-    """A stratified dev split (at least one example of each label when it has two or more)."""
-    rng, train, dev = random.Random(seed), [], []
-    for label in sorted(set(labels)):
-        idx = [i for i, y in enumerate(labels) if y == label]
-        rng.shuffle(idx)
-        k = max(1, round(len(idx) * fraction)) if len(idx) > 1 else 0
-        dev += idx[:k]
-        train += idx[k:]
-    return train, dev
-
-
-def _tokenize(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
-    """Token ids of ``texts``; an empty text becomes a lone EOS token, as in adapt.inference.encoder."""
-    filler = [tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.pad_token_id]
-    return [row or filler for row in tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]]
-
-
 _STARTS = ("adapt finetune starts from an encoder (the folder adapt convert or adapt export wrote), a decoder "
            "folder (transformers' save_pretrained) or a hub id")
 
 
-def _base_model_dir(source) -> str:
+def base_model_dir(source) -> str:
     """The model folder of ``source``: an exported encoder's Transformer module, else ``source`` itself;
     refused (before any work) when it is neither an encoder nor a model folder nor a hub id."""
     path = Path(source).expanduser()
@@ -126,16 +124,6 @@ def _base_model_dir(source) -> str:
         raise ModelLoadError(f"{source} holds no model (no config.json with a model_type, no modules.json). {_STARTS}.")
     st = read_st_settings(path) if path.is_dir() else None
     return str(st["transformer_path"]) if st and st["transformer_path"] else str(source)
-
-
-def _history(metrics_path: Path, steps_per_epoch: int) -> list[dict]:
-    """Per-epoch train loss and dev figures from the loop's log (logged and evaluated once an epoch)."""
-    by_step: dict[int, dict] = {}
-    for record in read_jsonl(metrics_path):
-        by_step.setdefault(record["step"], {}).update(record)
-    return [{"epoch": step // steps_per_epoch, "train_loss": r["loss"], "accuracy": r["eval/accuracy"],
-             "macro_f1": r["eval/macro_f1"]}
-            for step, r in sorted(by_step.items()) if "loss" in r and "eval/accuracy" in r]
 
 
 @torch.no_grad()
@@ -155,103 +143,98 @@ def _refit_last_token_head(model, ids, labels, pad_id, seed):
     score.weight.copy_(torch.as_tensor(coef, dtype=score.weight.dtype, device=score.weight.device))
 
 
-def finetune(encoder_source, train_path, out_dir, *, eval_path=None, text_field: str = "text",
-             label_field: str = "label", tuning: str = "full", pooling: str = "last", epochs: int = 3,
-             lr: float | None = None, batch_size: int = 16, max_length: int = 256, patience: int = 2,
-             seed: int = 0, dev_fraction: float = 0.2, lora_r: int = 16, show_progress: bool = True) -> dict:
-    """Fine-tune ``encoder_source`` on labeled text and save a standard classifier to ``out_dir``.
+def finetune(encoder_source, train_path, out_dir, *, eval_path=None, text_field: str | None = None,
+             label_field: str | None = None, kind: str = "sequence", pair_field: str = "text_pair",
+             tuning: str = "full", pooling: str = "last", epochs: int = 3, lr: float | None = None,
+             batch_size: int = 16, max_length: int = 256, patience: int = 2, seed: int = 0,
+             dev_fraction: float = 0.2, lora_r: int = 16, show_progress: bool = True) -> dict:
+    """Fine-tune ``encoder_source`` on labeled data and save a standard classifier to ``out_dir``.
 
-    Early stopping on the dev split (``eval_path``, else ``dev_fraction`` of train, stratified) by macro-F1:
-    training stops after ``patience`` epochs without a better one (at least one), and the best epoch's
-    weights are saved. ``lr`` defaults to 2e-5 (full) or 2e-4 (LoRA), constant, no warmup. Returns the
-    metrics (also in ``out_dir/adapt_classifier.json``); the loop's log is ``out_dir/run/metrics.jsonl``.
+    ``kind``: ``sequence`` (a label a text; fields ``text``/``label``), ``pair`` (a label a pair of texts:
+    ``text``/``text_pair``/``label``) or ``token`` (a tag a word: ``tokens``/``tags``, saved as a
+    ``*ForTokenClassification`` that ``pipeline("token-classification")`` runs). Early stopping on the dev
+    split (``eval_path``, else ``dev_fraction`` of train, stratified) by macro-F1: training stops after
+    ``patience`` epochs without a better one (at least one), and the best epoch's weights are saved. ``lr``
+    defaults to 2e-5 (full) or 2e-4 (LoRA), constant, no warmup. Returns the metrics (also in
+    ``out_dir/adapt_classifier.json``); the loop's log is ``out_dir/run/metrics.jsonl``.
     """
-    from accelerate.utils import set_seed
-
+    head_of(kind)
+    text_field = text_field or ("tokens" if kind == "token" else "text")
+    label_field = label_field or ("tags" if kind == "token" else "label")
     if tuning not in ("full", "lora"):
         raise ConfigError(f"tuning must be 'full' or 'lora', not {tuning!r}")
     if pooling not in POOLINGS:
         raise ConfigError(f"pooling must be 'last' or 'mean', not {pooling!r}")
+    if kind == "token" and pooling != "last":
+        raise ConfigError("token classification labels every word: it takes no pooling (leave pooling='last')")
     if epochs < 1 or batch_size < 1:
         raise ConfigError(f"epochs and batch_size must be at least 1, not {epochs} and {batch_size}")
     if lr is not None and not lr > 0:
         raise ConfigError(f"lr must be positive, not {lr!r} (leave it out for the default: 2e-5 full, 2e-4 LoRA)")
-    base_dir = _base_model_dir(encoder_source)
+    base_dir = base_model_dir(encoder_source)
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / MARKER).exists():
         raise OutputExistsError(f"{out_dir} exists and is not an adapt classifier; choose another folder")
     t0 = time.perf_counter()
-    texts, names = read_labeled(train_path, text_field, label_field)
+    read = dict(kind=kind, pair_field=pair_field)
+    examples, names = read_labeled(train_path, text_field, label_field, **read)
     if eval_path is not None:
-        dev_texts, dev_names = read_labeled(eval_path, text_field, label_field)
-        train_idx = list(range(len(texts)))
+        dev_examples, dev_names = read_labeled(eval_path, text_field, label_field, **read)
+        train_idx = list(range(len(examples)))
     else:
-        train_idx, dev_idx = _split(texts, names, dev_fraction, seed)
-        dev_texts, dev_names = [texts[i] for i in dev_idx], [names[i] for i in dev_idx]
-    label_names = sorted(set(names) | set(dev_names))
+        firsts = [row[0] for row in names] if kind == "token" else names  # token rows: split by their first tag
+        train_idx, dev_idx = stratified_split(firsts, dev_fraction, seed)
+        dev_examples, dev_names = [examples[i] for i in dev_idx], [names[i] for i in dev_idx]
+    label_names = unique_labels(kind, names, dev_names)
     if len(label_names) < 2:
         raise DataError(f"{train_path}: needs at least two labels, found {label_names}")
-    label2id = {name: i for i, name in enumerate(label_names)}
+    train = ([examples[i] for i in train_idx], [names[i] for i in train_idx])
 
     # The loop's run folder: next to the output while training, moved into it with the saved model.
     staging = out_dir.with_name(f".{out_dir.name}.{RUN}")
-    base = TrainConfig(batch_size=batch_size, lr=(2e-5 if tuning == "full" else 2e-4) if lr is None else lr, weight_decay=0.01,
-                       warmup_ratio=0.0, scheduler="constant", max_grad_norm=0.0, save_every=0, keep_checkpoints=1,
-                       seed=seed, best_metric="eval/macro_f1", patience=max(patience, 1))
-    acc = build_accelerator(base, staging)
-    if acc.is_main_process:
-        shutil.rmtree(staging, ignore_errors=True)
-    acc.wait_for_everyone()
-    set_seed(seed)  # the new head's initialisation
-    model, tokenizer = load_sequence_classifier(base_dir, label_names)
-    train_ids = _tokenize(tokenizer, [texts[i] for i in train_idx], max_length)
-    train_y = [label2id[names[i]] for i in train_idx]
-    dev_ids = _tokenize(tokenizer, dev_texts, max_length) if dev_texts else []
-    dev_y = [label2id[n] for n in dev_names]
-    objective = Classification((train_ids, train_y), (dev_ids, dev_y), num_labels=len(label_names),
-                               pad_id=tokenizer.pad_token_id, batch_size=batch_size, seed=seed, pooling=pooling)
-    tuning_cfg = TuningConfig(method=tuning, lora_r=lora_r, lora_alpha=2 * lora_r, lora_dropout=0.0)
-    model = apply_tuning(model, tuning_cfg, modules_to_save=["score"])
-    per_epoch = objective.steps_per_epoch(acc.num_processes)
-    train = replace(base, max_steps=epochs * per_epoch, eval_every=per_epoch, log_every=per_epoch)
-    trainer = Trainer(model, objective, train=train, run_dir=staging, accelerator=acc, show_progress=show_progress)
-    result = trainer.fit()  # ends with the best epoch's weights in place
-    model = merged_model(acc.unwrap_model(trainer.module).model, tuning_cfg)
-    if acc.is_main_process:
-        shutil.rmtree(staging / CHECKPOINTS, ignore_errors=True)  # resume points of a run that is over
-    history = _history(result.metrics_path, per_epoch)
-    if show_progress and acc.is_main_process:
-        for h in history:
-            print(f"epoch {h['epoch']}: loss {h['train_loss']:.4f}, dev accuracy {h['accuracy']:.3f}, "
-                  f"macro-F1 {h['macro_f1']:.3f}")
-    best = next(h for h in history if h["epoch"] == trainer.best["step"] // per_epoch)
-    metrics = {"pooling": pooling, "tuning": tuning, "labels": label_names, "train_size": len(train_ids),
-               "dev_size": len(dev_ids), "best_epoch": best["epoch"], "epochs_run": result.step // per_epoch,
-               "dev_accuracy": best["accuracy"], "dev_macro_f1": best["macro_f1"], "history": history}
+    fitted = fit_classifier(base_dir, kind, train, label_names, staging,
+                            dev=(dev_examples, dev_names) if dev_examples else None, tuning=tuning, lr=lr,
+                            epochs=epochs, batch_size=batch_size, max_length=max_length, patience=patience,
+                            seed=seed, lora_r=lora_r, pooling=pooling, show_progress=show_progress)
+    model, tokenizer = fitted.model, fitted.tokenizer
+    if show_progress:
+        for h in fitted.history:
+            print(f"epoch {h['epoch']}: loss {h['train_loss']:.4f}" + (
+                f", dev accuracy {h['accuracy']:.3f}, macro-F1 {h['macro_f1']:.3f}" if "accuracy" in h else ""))
+    best = fitted.dev or {"accuracy": None, "macro_f1": None}
+    metrics = {"kind": kind, "pooling": pooling, "tuning": tuning, "labels": label_names,
+               "train_size": len(train_idx), "dev_size": len(dev_examples), "best_epoch": fitted.best_epoch,
+               "epochs_run": fitted.epochs_run, "dev_accuracy": best["accuracy"], "dev_macro_f1": best["macro_f1"],
+               "history": fitted.history}
     if pooling == "mean":  # the standard class pools the last token: refit its head on those states
+        train_ids, train_y = encode(tokenizer, kind, train[0], train[1], {n: i for i, n in enumerate(label_names)},
+                                    max_length)
         _refit_last_token_head(model, train_ids, train_y, tokenizer.pad_token_id, seed)
         metrics["dev_mean_pooled"] = {"accuracy": best["accuracy"], "macro_f1": best["macro_f1"]}
-    final = objective.evaluate(ClassifierModule(model, "last"), acc) if dev_ids else {
-        "eval/accuracy": best["accuracy"], "eval/macro_f1": best["macro_f1"]}
-    metrics.update(accuracy=final["eval/accuracy"], macro_f1=final["eval/macro_f1"], source=str(encoder_source),
+    final = accuracy_and_f1(dev_names, predict(fitted, kind, dev_examples, max_length=max_length), label_names) \
+        if dev_examples else best
+    metrics.update(accuracy=final["accuracy"], macro_f1=final["macro_f1"], source=str(encoder_source),
                    seconds=round(time.perf_counter() - t0, 1))
-    if acc.is_main_process:
+    from accelerate import PartialState
+
+    if PartialState().is_main_process:
         _save_classifier(model.cpu(), tokenizer, out_dir, metrics, staging)
-    acc.wait_for_everyone()
+    PartialState().wait_for_everyone()
     return metrics
 
 
 def _save_classifier(model, tokenizer, out_dir: Path, metrics: dict, run_folder: Path) -> None:
     """Save, reload with plain transformers, prove it bidirectional, then move into place atomically
     with the training run's folder (``run/``) inside."""
-    from transformers import AutoModelForSequenceClassification
+    from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
 
+    auto = AutoModelForTokenClassification if metrics.get("kind") == "token" else AutoModelForSequenceClassification
     with atomic_path(out_dir) as tmp:
         model.config.architectures = [type(model).__name__]
         model.save_pretrained(tmp)
         pin_attention(tmp, preferred_attention(model.config))
         tokenizer.save_pretrained(tmp)
-        reloaded = AutoModelForSequenceClassification.from_pretrained(tmp)  # as a user loads it: no arguments
+        reloaded = auto.from_pretrained(tmp)  # as a user loads it: no arguments
         metrics["probe"] = assert_bidirectional(reloaded, where=f"classifier {out_dir}").to_dict()
         (tmp / MARKER).write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
         shutil.move(str(run_folder), str(tmp / RUN))
