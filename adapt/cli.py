@@ -68,8 +68,9 @@ def _disk_full(e: BaseException) -> bool:
 @click.option("-v", "--verbose", is_flag=True, help="Log more.")
 @click.version_option(__version__, "--version", prog_name="adapt", message="%(prog)s %(version)s")
 def main(verbose):
-    """adapt: turn any causal decoder LLM into a bidirectional encoder (MLM continued pretraining),
-    export it for sentence-transformers / transformers / mteb, embed text and benchmark it."""
+    """adapt: turn any causal decoder LLM into a bidirectional encoder (contrastive stages by default; masked
+    ones - MLM, MNTP, CLM mixtures - as options), export it for sentence-transformers / transformers / mteb,
+    embed text, fine-tune classifiers and benchmark them (frozen and fine-tuned) against the source."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
 

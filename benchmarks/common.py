@@ -53,6 +53,23 @@ def command_line(module: str, argv=None) -> str:
     return f"python -m {module} " + " ".join(argv if argv is not None else sys.argv[1:])
 
 
+LEDGER = RESULTS / "test_ledger.md"
+
+
+def record_test_scoring(split: str, models: str, purpose: str, results: str) -> int:
+    """Append one line to the test-split ledger (``benchmarks/results/test_ledger.md``) before a test split is
+    scored: date, commit, split, models, purpose, results file. Returns the line's number."""
+    import subprocess
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    lines = LEDGER.read_text(encoding="utf-8").rstrip("\n").splitlines()
+    number = 1 + max((int(m.group(1)) for m in map(re.compile(r"^\| (\d+) \|").match, lines) if m), default=0)
+    cells = [str(number), datetime.date.today().isoformat(), commit or "-", split, models, purpose, results]
+    lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+    LEDGER.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return number
+
+
 # ----------------------------------------------------------------------------------------------- machine
 
 def cpu_model() -> str:

@@ -2,7 +2,7 @@
 
 The README's ```bash blocks hold commands only, written with its placeholders (MODEL, OUT, DIR, CLS,
 SPARSE and the files corpus.txt, corpus/, pairs.jsonl, docs.jsonl, train.jsonl, texts.txt); ```python blocks
-are self-contained examples with the same placeholders as string literals. Here MODEL is a tiny random
+are self-contained examples with the same placeholders as string literals (tags.jsonl: words and their tags). Here MODEL is a tiny random
 Llama, OUT a tiny conversion of it, DIR/SPARSE/CLS what the README's own commands make of OUT, and the
 files are small real-looking inputs. Every command runs in a fresh folder of its own, so an output
 placeholder (after -o) is a new path there. Scaled down, not changed: training commands get a few steps of
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 SKIPPED_PROGRAMS = ("make", "pip", "python3 -m venv")  # the set-up lines: they are what CI itself runs
-FILES = ("corpus.txt", "corpus/", "pairs.jsonl", "docs.jsonl", "train.jsonl", "texts.txt")
+FILES = ("corpus.txt", "corpus/", "pairs.jsonl", "docs.jsonl", "train.jsonl", "tags.jsonl", "texts.txt")
 FOLDERS = ("MODEL", "OUT", "DIR", "CLS", "SPARSE")
 OUTPUT_FLAGS = ("-o", "--out", "--output")
 # a few steps of short texts for every training command (appended: the README's own settings still apply)
@@ -86,6 +86,9 @@ def world(tmp_path_factory):
     (root / "train.jsonl").write_text("".join(
         json.dumps({"text": " ".join((animals if i % 2 else words)[(i + k) % 5] for k in range(4)),
                     "label": "animal" if i % 2 else "nlp"}) + "\n" for i in range(40)), encoding="utf-8")
+    (root / "tags.jsonl").write_text("".join(json.dumps(
+        {"tokens": [(animals if (i + k) % 3 else words)[(i * k) % 5] for k in range(5)],
+         "tags": ["ANIMAL" if (i + k) % 3 else "O" for k in range(5)]}) + "\n" for i in range(40)), encoding="utf-8")
     paths = {"MODEL": model_dir, **{name: root / name for name in FILES}}
     ok = _invoke(["convert", str(model_dir), "-o", str(root / "OUT"), "--preset", "tiny", "--data",
                   str(root / "corpus.txt"), "--quiet"])

@@ -18,7 +18,7 @@ import functools
 import gc
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from adapt.bench import stats, suites, verdict
@@ -140,92 +140,122 @@ def run_bench(models: list, *, suite: str | None = "quick", tasks: list | None =
     (:mod:`adapt.bench.finetuned`, ``seeds`` fine-tuning seeds each, default 3); they run apart from
     embedding tasks.
     """
-    from tqdm.auto import tqdm
-
     out_dir = Path(out_dir)
     dims = parse_dims(dims)
-    resolved = [resolve_task(ref) for ref in task_refs(suite, tasks)]  # fail on a bad task before loading models
-    if limit is not None:
-        resolved = [t.limited(limit) if isinstance(t, Task) else t for t in resolved]
-    names = [t.name for t in resolved]
-    tuned = [isinstance(t, FinetuneTask) for t in resolved]
-    if any(tuned):
-        if not all(tuned) or dims:
+    resolved = _resolved_tasks(suite, tasks, limit)  # fail on a bad task before loading models
+    title = f"adapt bench: {suite}" if not tasks and suite else "adapt bench"
+    if any(isinstance(t, FinetuneTask) for t in resolved):
+        if not all(isinstance(t, FinetuneTask) for t in resolved) or dims:
             raise ConfigError("fine-tuned tasks (the finetune suites) run apart from embedding tasks and without "
                               "--dims: run them in a bench of their own")
         from adapt.bench.finetuned import run_finetune_bench
 
         return run_finetune_bench(models, resolved, out_dir=out_dir, baselines=baselines, references=references,
                                   source=source, seeds=seeds, reference=reference, show_progress=show_progress,
-                                  title=f"adapt bench: {suite}" if not tasks and suite else "adapt bench: fine-tuned")
-    if len(set(names)) != len(names):
-        raise ConfigError(f"two tasks share a name: {names}; give a task folder a different name in its task.json")
+                                  title=title if title != "adapt bench" else "adapt bench: fine-tuned")
+    names = [t.name for t in resolved]
     entries = expand_models(list(models), baselines, source, baselines if references is None else references)
     display = _unique_names(entries)
-    reference = reference or default_reference(entries, display, list(models))
-    if reference not in display and not (dims and reference.rpartition("@dim=")[0] in display):
-        raise ConfigError(f"reference {reference!r} is not one of the benchmarked models: {', '.join(display)}")
-    if reference in display:  # with dims: the reference model at the first size (BM25 keeps its name)
-        reference = label(reference, sizes_of(entries[display.index(reference)][1], dims)[0])
-    given = {as_spec(m).canonical() for m in models if isinstance(m, (str, ModelSpec))}
-    cache = EmbeddingCache(out_dir / "cache" if use_cache else None)
+    reference = _reference(reference, entries, display, models, dims)
     procs = processes()
     if loader is None:  # a missing model is an error now, not after a progress bar and other models' scores
         for spec, encoder in entries:
             if encoder is None and spec is not None:
                 resolve_source(spec.source)
     loader = loader or SharedLoads(functools.partial(default_loader, device=_device(procs)))
-    env = versions()
-    rows: list[dict] = []
-    items: dict[tuple[str, str], stats.ItemScores] = {}
-    title = f"adapt bench: {suite}" if not tasks and suite else "adapt bench"
-    bar = tqdm(total=len(entries) * len(resolved), disable=not show_progress or not procs.main, desc="bench",
-               unit="task")
+    run = _Scoring(EmbeddingCache(out_dir / "cache" if use_cache else None), procs, batch_size, dims, versions())
+    given = {as_spec(m).canonical() for m in models if isinstance(m, (str, ModelSpec))}
     made_group = start_group(procs)
     try:
+        run.bar = _progress(len(entries) * len(resolved), show_progress and procs.main)
         for at, ((spec, encoder), name) in enumerate(zip(entries, display)):
-            bar.set_postfix_str(f"loading {name}")
+            run.bar.set_postfix_str(f"loading {name}")
             encoder = encoder if encoder is not None else loader(spec, max_length)
-            key = encoder_key(encoder, spec, max_length)
             siblings = _siblings(loader, spec, entries[at + 1:], display[at + 1:], max_length)
             required = spec is None or spec.canonical() in given  # a model the user listed, not a baseline
-            for task in resolved:
-                bar.set_postfix_str(f"{name}: {task.name}")
-                vectors = TaskVectors(encoder, cache, key, name, batch_size, procs,  # encoded once for every size
-                                      siblings)
-                for dim in sizes_of(encoder, dims):
-                    start = time.perf_counter()
-                    try:
-                        result = _score(task, encoder, vectors.at(dim), name, batch_size, procs)
-                    except TooLarge as e:
-                        too_large(e, name, required)
-                        continue
-                    if result is None:  # BM25 on a task that is not retrieval, or not process 0
-                        continue
-                    scores, main, n, kind, evidence = result
-                    seconds, model = round(time.perf_counter() - start, 3), label(name, dim)
-                    if evidence is not None:
-                        items[(model, task.name)] = evidence
-                    for metric, value in scores.items():
-                        rows.append({"model": model, "task": task.name, "kind": kind, "metric": metric,
-                                     "value": value, "main": metric == main, "n": n, "seconds": seconds,
-                                     "spec": spec.canonical() if spec else None, "versions": env})
-                bar.update(1)
+            run.model(resolved, spec, encoder, name, encoder_key(encoder, spec, max_length), siblings, required)
             del encoder
             gc.collect()
     except BaseException:
-        if rows and procs.main:  # keep what was scored before the failure (or Ctrl-C); embeddings are cached too
-            write_reports(stats.annotate(rows, items, reference, names), out_dir, title + " (incomplete)")
+        if run.rows and procs.main:  # keep what was scored before the failure (or Ctrl-C); embeddings are cached too
+            write_reports(stats.annotate(run.rows, run.items, reference, names), out_dir, title + " (incomplete)")
         raise
     finally:
-        bar.close()
+        if run.bar is not None:
+            run.bar.close()
     try:
-        return _finish(rows, items, entries, display, reference, names, out_dir, title, cache, baselines, source,
-                       update_cards, dims) if procs.main else None
+        return _finish(run.rows, run.items, entries, display, reference, names, out_dir, title, run.cache, baselines,
+                       source, update_cards, dims) if procs.main else None
     finally:
         if made_group:
             barrier(procs)  # the others wait until process 0 has written the reports and the cards
             end_group()
+
+
+def _resolved_tasks(suite: str | None, tasks: list | None, limit: int | None) -> list:
+    """The suite's (or the named) tasks, loaded, cut to ``limit`` items a split; names must be unique."""
+    resolved = [resolve_task(ref) for ref in task_refs(suite, tasks)]
+    if limit is not None:
+        resolved = [t.limited(limit) if isinstance(t, Task) else t for t in resolved]
+    names = [t.name for t in resolved]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"two tasks share a name: {names}; give a task folder a different name in its task.json")
+    return resolved
+
+
+def _reference(reference: str | None, entries, display: list[str], models: list, dims) -> str:
+    """The model the tests compare against (by default the first decoder baseline), at the first size with dims."""
+    reference = reference or default_reference(entries, display, list(models))
+    if reference not in display and not (dims and reference.rpartition("@dim=")[0] in display):
+        raise ConfigError(f"reference {reference!r} is not one of the benchmarked models: {', '.join(display)}")
+    if reference in display:  # with dims: the reference model at the first size (BM25 keeps its name)
+        reference = label(reference, sizes_of(entries[display.index(reference)][1], dims)[0])
+    return reference
+
+
+def _progress(total: int, shown: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, disable=not shown, desc="bench", unit="task")
+
+
+@dataclass
+class _Scoring:
+    """One bench run's shared state: where vectors are cached, the processes, and the rows and evidence so far."""
+
+    cache: EmbeddingCache
+    procs: Processes
+    batch_size: int
+    dims: list | None
+    env: dict
+    rows: list = field(default_factory=list)
+    items: dict = field(default_factory=dict)
+    bar: object = None
+
+    def model(self, resolved: list, spec, encoder, name: str, key: str, siblings: list, required: bool) -> None:
+        """Score one loaded model on every task (and size), adding its rows and evidence."""
+        for task in resolved:
+            self.bar.set_postfix_str(f"{name}: {task.name}")
+            vectors = TaskVectors(encoder, self.cache, key, name, self.batch_size, self.procs,  # encoded once
+                                  siblings)  # for every size
+            for dim in sizes_of(encoder, self.dims):
+                start = time.perf_counter()
+                try:
+                    result = _score(task, encoder, vectors.at(dim), name, self.batch_size, self.procs)
+                except TooLarge as e:
+                    too_large(e, name, required)
+                    continue
+                if result is None:  # BM25 on a task that is not retrieval, or not process 0
+                    continue
+                scores, main, n, kind, evidence = result
+                seconds, model = round(time.perf_counter() - start, 3), label(name, dim)
+                if evidence is not None:
+                    self.items[(model, task.name)] = evidence
+                for metric, value in scores.items():
+                    self.rows.append({"model": model, "task": task.name, "kind": kind, "metric": metric,
+                                      "value": value, "main": metric == main, "n": n, "seconds": seconds,
+                                      "spec": spec.canonical() if spec else None, "versions": self.env})
+            self.bar.update(1)
 
 
 def _siblings(loader, spec: ModelSpec | None, entries, display, max_length) -> list[tuple]:

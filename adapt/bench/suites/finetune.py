@@ -32,10 +32,10 @@ from adapt.bench.tasks import FinetuneTask, balanced_head
 from adapt.errors import DataError
 
 VERSION = 1
-TRAIN, EVAL, TOKEN_TRAIN, TOKEN_EVAL = 192, 200, 96, 100  # examples (token tasks: sentences)
+TRAIN, EVAL, TOKEN_TRAIN, TOKEN_EVAL = 128, 150, 64, 80  # examples (token tasks: sentences)
 QUICK_DEV_FRACTION = 0.3
 # the fixed budget, the same for every model: LoRA (learning rate chosen on finetune-dev once per tuning method)
-BUDGET = {"tuning": "lora", "epochs": 3, "batch_size": 16, "max_length": 64, "lora_r": 16, "seeds": 3,
+BUDGET = {"tuning": "lora", "epochs": 2, "batch_size": 16, "max_length": 40, "lora_r": 16, "seeds": 3,
           "lr": {"lora": 1e-3, "full": 5e-5}}
 
 _STANDARD = {"spam-finetune": "spam-classification", "wordnet-finetune": "wordnet-classification",
