@@ -633,6 +633,20 @@ class RssSampler:
         self._thread.join()
 
 
+def _memory_runner(spec: dict, model, tokenizer, store, shape: Shape, lora_params: int) -> Runner:
+    """The runner of a memory worker's ``route``: the transformers Trainer, or adapt's (``fulllogits``: the full-logits
+    head)."""
+    route, device = spec["route"], spec["device"]
+    if route == "hf-trainer":
+        return HFTrainerRunner("mem", model, tokenizer, np.asarray(store.train), spec["batch"], ratio=spec["mask_ratio"],
+                               bf16=spec["amp"], device=device, shape=shape, train_base=spec["tuning"] == "full")
+    return AdaptRunner("mem", model, tokenizer, store, objective=spec["objective"], ratio=spec["mask_ratio"],
+                       batch=spec["batch"], amp=spec["amp"], device=device, shape=shape,
+                       train_base=spec["tuning"] == "full", lora_params=lora_params,
+                       head="full" if route == "fulllogits" else "labels",
+                       optimizer=spec.get("optimizer", "adapt"), run_dir=Path(tempfile.mkdtemp(prefix="adapt-mem-")))
+
+
 def memory_worker(spec: dict) -> dict:
     """One configuration in a fresh process: load, attach tuning, train ``steps``; its peak memory.
 
@@ -669,16 +683,7 @@ def memory_worker(spec: dict) -> dict:
     store = TokenStore.open(spec["store"])
     trainable = [p for p in model.parameters() if p.requires_grad]
     lora_params = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
-    route = spec["route"]
-    if route == "hf-trainer":
-        runner = HFTrainerRunner("mem", model, tokenizer, np.asarray(store.train), spec["batch"], ratio=spec["mask_ratio"],
-                                 bf16=spec["amp"], device=device, shape=shape, train_base=spec["tuning"] == "full")
-    else:
-        runner = AdaptRunner("mem", model, tokenizer, store, objective=spec["objective"], ratio=spec["mask_ratio"],
-                             batch=spec["batch"], amp=spec["amp"], device=device, shape=shape,
-                             train_base=spec["tuning"] == "full", lora_params=lora_params,
-                             head="full" if route == "fulllogits" else "labels",
-                             optimizer=spec.get("optimizer", "adapt"), run_dir=Path(tempfile.mkdtemp(prefix="adapt-mem-")))
+    runner = _memory_runner(spec, model, tokenizer, store, shape, lora_params)
     steps = lambda: runner.run(spec["steps"])  # noqa: E731
     with RssSampler() as sampler:
         start = time.perf_counter()
@@ -754,24 +759,29 @@ def _fmt(x, spec=".0f", none="-"):
     return none if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
-def markdown(res: dict) -> str:
+def _md_header(res: dict) -> list[str]:
+    """Title, command, machine, run settings and the measured matmul peak."""
     m, s = res["machine"], res["settings"]
     peaks = res["peaks_gflops"]
-    lines = [f"# Training throughput ({'quick' if s['quick'] else 'full'} run, {m['date']})", "",
-             f"`{s.get('command', '')}`", "",
-             f"Machine: {m['cpu']}, {m['cpu_cores']} cores, {m['torch_threads']} torch threads, "
-             f"bf16 units {m['cpu_bf16_units'] or 'none'}, device {m['device']}{', ' + m['gpu'] if 'gpu' in m else ''}; "
-             f"torch {m['torch']}, transformers {m['transformers']}, peft {m['peft']}. Load average at start "
-             f"{', '.join(f'{x:.1f}' for x in m['load_average_at_start'])} (other jobs share the cores: ratios are "
-             f"per round, side by side).", "",
-             f"Model {s['model']} ({s['params'] / 1e6:.1f}M params), {s['objective']} {s['mask_ratio']:.0%}, "
-             f"seq_len {s['seq_len']}, batch {s['batch']}, text: {s.get('text', 'gensim lee_background.cor')} packed "
-             "(no padding), "
-             f"{s['rounds_done']} rounds x {s['steps_per_round']} steps per configuration, interleaved.", "",
-             f"Measured matmul peak ({s['peak_n']}^3, best of the rounds): fp32 {peaks['fp32']:.0f} GFLOP/s, "
-             f"bf16 {peaks['bf16']:.0f} GFLOP/s (median {res['peaks_median_gflops']['fp32']:.0f} / "
-             f"{res['peaks_median_gflops']['bf16']:.0f}).", "",
-             "## Tokens/s per configuration", "",
+    return [f"# Training throughput ({'quick' if s['quick'] else 'full'} run, {m['date']})", "",
+            f"`{s.get('command', '')}`", "",
+            f"Machine: {m['cpu']}, {m['cpu_cores']} cores, {m['torch_threads']} torch threads, "
+            f"bf16 units {m['cpu_bf16_units'] or 'none'}, device {m['device']}{', ' + m['gpu'] if 'gpu' in m else ''}; "
+            f"torch {m['torch']}, transformers {m['transformers']}, peft {m['peft']}. Load average at start "
+            f"{', '.join(f'{x:.1f}' for x in m['load_average_at_start'])} (other jobs share the cores: ratios are "
+            f"per round, side by side).", "",
+            f"Model {s['model']} ({s['params'] / 1e6:.1f}M params), {s['objective']} {s['mask_ratio']:.0%}, "
+            f"seq_len {s['seq_len']}, batch {s['batch']}, text: {s.get('text', 'gensim lee_background.cor')} packed "
+            "(no padding), "
+            f"{s['rounds_done']} rounds x {s['steps_per_round']} steps per configuration, interleaved.", "",
+            f"Measured matmul peak ({s['peak_n']}^3, best of the rounds): fp32 {peaks['fp32']:.0f} GFLOP/s, "
+            f"bf16 {peaks['bf16']:.0f} GFLOP/s (median {res['peaks_median_gflops']['fp32']:.0f} / "
+            f"{res['peaks_median_gflops']['bf16']:.0f})."]
+
+
+def _md_configs(res: dict) -> list[str]:
+    """The tokens/s table, one row per configuration."""
+    lines = ["", "## Tokens/s per configuration", "",
              "| configuration | dtype | tokens/s (median) | IQR | step s | tokens per CPU-s | TFLOP/s done | MFU | notes |",
              "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for name, row in res["configs"].items():
@@ -787,13 +797,24 @@ def markdown(res: dict) -> str:
         lines.append(f"| {name} | {row['dtype']} | {row['tokens_per_s']:.0f} | {iqr[0]:.0f}-{iqr[1]:.0f} | "
                      f"{row['median_step_s']:.2f} | {row['tokens_per_cpu_s']:.0f} | {row['achieved_tflops']:.3f} | "
                      f"{row['mfu']:.1%} | {note} |")
-    lines += ["", "## Ratios (same settings; min-max of the per-round ratios in brackets)", "",
-              "| a / b | tokens/s (wall) | per round | tokens per CPU-second | per round |", "|---|---:|---|---:|---|"]
+    return lines
+
+
+def _md_ratios_and_levers(res: dict) -> list[str]:
+    """The ratios table and the list of levers."""
+    lines = ["", "## Ratios (same settings; min-max of the per-round ratios in brackets)", "",
+             "| a / b | tokens/s (wall) | per round | tokens per CPU-second | per round |", "|---|---:|---|---:|---|"]
     for r in res["ratios"]:
         lines.append(f"| {r['a']} / {r['b']} | **{r['ratio']:.2f}x** | {r['min']:.2f}-{r['max']:.2f} | "
                      f"{r['cpu_ratio']:.2f}x | {r['cpu_min']:.2f}-{r['cpu_max']:.2f} |")
     if res.get("levers"):
         lines += ["", "## Levers", ""] + [f"- {k}: {v}" for k, v in res["levers"].items()]
+    return lines
+
+
+def _md_sweeps(res: dict) -> list[str]:
+    """Time per token vs sequence length and vs batch size (a table each, where measured)."""
+    lines = []
     for title, key in (("Time per token vs sequence length", "seq_sweep"), ("Time per token vs batch size", "batch_sweep")):
         rows = res.get(key) or []
         if rows:
@@ -803,26 +824,37 @@ def markdown(res: dict) -> str:
                 lines.append(f"| {row['config']} | {row['seq_len']} | {row['batch']} | {row['tokens']} | "
                              f"{_fmt(row.get('ms_per_token'), '.2f')} | {_fmt(row.get('cpu_ms_per_token'), '.2f')} | "
                              f"{_fmt(row.get('tokens_per_s'))} | {_fmt(row.get('mfu'), '.1%')} | {_fmt(row.get('steps'), 'd')} |")
-    if res.get("memory"):
-        lines += ["", "## Peak memory (one subprocess per configuration; MiB)", "",
-                  "RSS after imports is subtracted in `peak over imports`; `anon` leaves out file-backed pages "
-                  "(weights mmapped from safetensors); `HWM` is the whole process including loading; `load anon` is "
-                  "the anonymous RSS the load added at its peak (sampled every 5 ms).", "",
-                  "| configuration | model | params | trainable | seq x batch | param MiB | RSS after load | "
-                  "train peak RSS | **peak over imports** | anon peak | HWM | load anon | CUDA peak | step s |",
-                  "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for name, row in res["memory"].items():
-            if "error" in row:
-                lines.append(f"| {name} | {row.get('model', '')} | | | | | | {row['error']} | | | | | | |")
-                continue
-            lines.append(f"| {name} | {row['model']} | {row['total_params'] / 1e6:.0f}M | {row['trainable_params'] / 1e6:.2f}M | "
-                         f"{row['seq_len']} x {row['batch']} | {row['param_mib']:.0f} | {row['after_load_rss_mib']:.0f} | "
-                         f"{row['train_peak_rss_mib']:.0f} | **{row['train_peak_over_baseline_mib']:.0f}** | "
-                         f"{row['train_peak_anon_mib']:.0f} | {row['process_hwm_mib']:.0f} | "
-                         f"{_fmt(row.get('load_peak_anon_over_baseline_mib'))} | {_fmt(row.get('cuda_peak_mib'))} | "
-                         f"{_fmt(_first_step_s(row), '.1f')} |")
-        for note in res.get("memory_notes", []):
-            lines += ["", note]
+    return lines
+
+
+def _md_memory(res: dict) -> list[str]:
+    """The peak-memory table and its notes (where measured)."""
+    if not res.get("memory"):
+        return []
+    lines = ["", "## Peak memory (one subprocess per configuration; MiB)", "",
+             "RSS after imports is subtracted in `peak over imports`; `anon` leaves out file-backed pages "
+             "(weights mmapped from safetensors); `HWM` is the whole process including loading; `load anon` is "
+             "the anonymous RSS the load added at its peak (sampled every 5 ms).", "",
+             "| configuration | model | params | trainable | seq x batch | param MiB | RSS after load | "
+             "train peak RSS | **peak over imports** | anon peak | HWM | load anon | CUDA peak | step s |",
+             "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, row in res["memory"].items():
+        if "error" in row:
+            lines.append(f"| {name} | {row.get('model', '')} | | | | | | {row['error']} | | | | | | |")
+            continue
+        lines.append(f"| {name} | {row['model']} | {row['total_params'] / 1e6:.0f}M | {row['trainable_params'] / 1e6:.2f}M | "
+                     f"{row['seq_len']} x {row['batch']} | {row['param_mib']:.0f} | {row['after_load_rss_mib']:.0f} | "
+                     f"{row['train_peak_rss_mib']:.0f} | **{row['train_peak_over_baseline_mib']:.0f}** | "
+                     f"{row['train_peak_anon_mib']:.0f} | {row['process_hwm_mib']:.0f} | "
+                     f"{_fmt(row.get('load_peak_anon_over_baseline_mib'))} | {_fmt(row.get('cuda_peak_mib'))} | "
+                     f"{_fmt(_first_step_s(row), '.1f')} |")
+    for note in res.get("memory_notes", []):
+        lines += ["", note]
+    return lines
+
+
+def markdown(res: dict) -> str:
+    lines = _md_header(res) + _md_configs(res) + _md_ratios_and_levers(res) + _md_sweeps(res) + _md_memory(res)
     if res.get("not_run"):
         lines += ["", "## Not run", ""] + [f"- {k}: {v}" for k, v in res["not_run"].items()]
     lines += ["", f"Headline: {res['headline']}", ""]
@@ -923,153 +955,254 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def main(argv=None) -> dict | None:
-    args = parse_args(argv)
-    if args.worker:
-        fn = {"memory": memory_worker, "make-model": make_model_worker}[args.worker]
-        print("@@RESULT " + json.dumps(fn(json.loads(args.spec))), flush=True)
-        return None
-    if args.report_only:
-        results = json.loads(args.report_only.read_text())
-        write_report(results, args.out)
-        print(results["headline"])
-        return results
-    t_start = time.perf_counter()
+@dataclasses.dataclass
+class Bench:
+    """What every phase of a run shares: the settings resolved from the command line, and (once
+    :func:`prepare_inputs` ran) the model folder, its tokenizer and the packed text."""
+    args: argparse.Namespace
+    device: str
+    quick: bool
+    batch: int
+    rounds: int
+    steps: int
+    budget: float
+    skip: set[str]
+    peak_n: int
+    cache: Path
+    logs: Path
+    folder: Path | None = None
+    tokenizer: object = None
+    store: object = None  # adapt.data.token_store.TokenStore of args.seq_len blocks
+    blocks: np.ndarray | None = None
+    blocks_file: Path | None = None
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    @property
+    def runs(self) -> Path:
+        """The Trainers' run folders: nothing is written there (no fit, no checkpoint)."""
+        return self.cache / "runs"
+
+    def adapt_runner(self, name, model, amp, *, shape, train_base=True, lora_params=0, store=None, batch=None,
+                     **kw) -> AdaptRunner:
+        """An :class:`AdaptRunner` on this run's objective, mask ratio and device (default: its store and batch)."""
+        return AdaptRunner(name, model, self.tokenizer, self.store if store is None else store,
+                           objective=self.args.objective, ratio=self.args.mask_ratio,
+                           batch=self.batch if batch is None else batch, amp=amp, device=self.device, shape=shape,
+                           train_base=train_base, lora_params=lora_params, run_dir=self.runs / name, **kw)
+
+
+@dataclasses.dataclass
+class Models:
+    """The models the configurations train, loaded once; LLM2Vec's worker starts between the loads (it loads in
+    its own process meanwhile)."""
+    full: torch.nn.Module
+    shape: Shape
+    lora: torch.nn.Module | None
+    lora_params: int
+    hf: torch.nn.Module | None
+    hf_fp32: torch.nn.Module | None  # its own model: Accelerate patches forward
+    llm2vec: LLM2VecRunner | None
+
+
+def run_as_worker(args) -> None:
+    """``--worker KIND --spec JSON``: one memory or make-model job in this fresh interpreter; prints its result."""
+    fn = {"memory": memory_worker, "make-model": make_model_worker}[args.worker]
+    print("@@RESULT " + json.dumps(fn(json.loads(args.spec))), flush=True)
+
+
+def rewrite_report(args) -> dict:
+    """``--report-only JSON``: the .md and .png again from a results .json."""
+    results = json.loads(args.report_only.read_text())
+    write_report(results, args.out)
+    print(results["headline"])
+    return results
+
+
+def resolve_settings(args) -> Bench:
+    """Defaults that depend on the device and on --quick; torch threads; the cache and log folders."""
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     cuda = device.startswith("cuda")
     if args.threads:
         torch.set_num_threads(args.threads)
     quick = args.quick
-    batch = args.batch or (32 if cuda else (4 if quick else 8))
-    rounds = args.rounds or (3 if quick else 5)
-    steps = args.steps or (1 if quick else 2)
-    budget = args.budget_s if args.budget_s is not None else (90 if quick else 1800)
-    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
-    peak_n = 8192 if cuda else 2048
     cache = args.cache
     cache.mkdir(parents=True, exist_ok=True)
     logs = cache / "logs"
     logs.mkdir(exist_ok=True)
-    not_run: dict[str, str] = {}
+    return Bench(args=args, device=device, quick=quick,
+                 batch=args.batch or (32 if cuda else (4 if quick else 8)),
+                 rounds=args.rounds or (3 if quick else 5),
+                 steps=args.steps or (1 if quick else 2),
+                 budget=args.budget_s if args.budget_s is not None else (90 if quick else 1800),
+                 skip={s.strip() for s in args.skip.split(",") if s.strip()},
+                 peak_n=8192 if cuda else 2048, cache=cache, logs=logs)
 
+
+def prepare_inputs(bench: Bench) -> None:
+    """The converted model folder, its tokenizer, the packed text, and the blocks saved for LLM2Vec's worker."""
     from transformers import AutoTokenizer
 
-    from adapt.config.settings import ModelConfig, TuningConfig
+    args = bench.args
+    bench.folder = prepare_model(args.model, bench.cache)
+    bench.tokenizer = AutoTokenizer.from_pretrained(bench.folder)
+    bench.store = token_store(bench.tokenizer, args.seq_len, bench.cache, args.text)
+    bench.blocks = np.asarray(bench.store.train)
+    bench.blocks_file = bench.cache / "data" / f"seq{args.seq_len}.npy"  # for LLM2Vec's worker (its venv has no adapt)
+    np.save(bench.blocks_file, bench.blocks)
+
+
+def load_model(bench: Bench, tuning=None):
+    """The prepared model on the device (``tuning``: adapt's LoRA applied), and the Shape of its base."""
+    from adapt.config.settings import ModelConfig
     from adapt.model.loading import load_decoder
     from adapt.model.tuning import apply_tuning
 
-    folder = prepare_model(args.model, cache)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    store = token_store(tokenizer, args.seq_len, cache, args.text)
-    blocks = np.asarray(store.train)
-    blocks_file = cache / "data" / f"seq{args.seq_len}.npy"  # for LLM2Vec's worker (its venv has no adapt)
-    np.save(blocks_file, blocks)
-    runs = cache / "runs"  # the Trainers' run folders: nothing is written there (no fit, no checkpoint)
+    model, _ = load_decoder(ModelConfig(source=str(bench.folder), attn_implementation=bench.args.attn))
+    model.to(bench.device)
+    shape = Shape.of(model)
+    if tuning is not None:
+        model = apply_tuning(model, tuning)
+    return model, shape
 
-    def adapt_runner(name, model, amp, *, shape, train_base=True, lora_params=0, store=store, batch=batch, **kw):
-        return AdaptRunner(name, model, tokenizer, store, objective=args.objective, ratio=args.mask_ratio, batch=batch,
-                           amp=amp, device=device, shape=shape, train_base=train_base, lora_params=lora_params,
-                           run_dir=runs / name, **kw)
 
-    # LLM2Vec starts first: it loads in its own process while this one loads its models
+def llm2vec_spec(bench: Bench) -> dict:
+    """What benchmarks/tools/llm2vec_worker.py trains: the same model, blocks, batch and mask ratio, LoRA r16."""
+    args = bench.args
+    return {"model_dir": str(bench.folder), "blocks": str(bench.blocks_file), "batch": bench.batch,
+            "seq_len": args.seq_len, "mask_ratio": args.mask_ratio, "bf16": True, "device": bench.device,
+            "threads": torch.get_num_threads(), "attn": args.attn or "sdpa", "lora_r": 16, "seed": 0}
+
+
+def load_models(bench: Bench, not_run: dict[str, str]) -> Models:
+    """Every model the configurations need (none for a skipped route); LLM2Vec's worker starts as soon as it can,
+    so that it loads in its own process while this one loads its models. Why a route is not run goes in ``not_run``."""
+    from adapt.config.settings import TuningConfig
+
     llm2vec = None
-    llm2vec_python, why = llm2vec_interpreter(args.llm2vec_python)
-    if "llm2vec" in skip:
+    llm2vec_python, why = llm2vec_interpreter(bench.args.llm2vec_python)
+    if "llm2vec" in bench.skip:
         not_run["llm2vec-lora-bf16"] = "skipped (--skip llm2vec)"
     elif llm2vec_python is None:
         not_run["llm2vec-lora-bf16"] = why
-
-    def load(tuning=None):
-        model, _ = load_decoder(ModelConfig(source=str(folder), attn_implementation=args.attn))
-        model.to(device)
-        shape = Shape.of(model)
-        if tuning is not None:
-            model = apply_tuning(model, tuning)
-        return model, shape
-
-    full_model, shape = load()
+    full_model, shape = load_model(bench)
     is_llama = full_model.config.model_type == "llama"
-    if llm2vec is None and "llm2vec-lora-bf16" not in not_run:
-        if not is_llama:
-            not_run["llm2vec-lora-bf16"] = "LLM2Vec's MNTP classes cover llama/mistral/gemma/qwen2; this worker runs llama only"
-        else:
-            spec = {"model_dir": str(folder), "blocks": str(blocks_file), "batch": batch, "seq_len": args.seq_len,
-                    "mask_ratio": args.mask_ratio, "bf16": True, "device": device, "threads": torch.get_num_threads(),
-                    "attn": args.attn or "sdpa", "lora_r": 16, "seed": 0}
+    if "llm2vec-lora-bf16" not in not_run and not is_llama:
+        not_run["llm2vec-lora-bf16"] = "LLM2Vec's MNTP classes cover llama/mistral/gemma/qwen2; this worker runs llama only"
     lora_tuning = TuningConfig(method="lora", lora_r=16, lora_alpha=32)
-    lora_model, _ = load(lora_tuning) if "lora" not in skip else (None, None)
+    lora_model, _ = load_model(bench, lora_tuning) if "lora" not in bench.skip else (None, None)
     lora_params = sum(p.numel() for n, p in lora_model.named_parameters() if "lora_" in n) if lora_model else 0
     if "llm2vec-lora-bf16" not in not_run and is_llama:
-        llm2vec = LLM2VecRunner("llm2vec-lora-bf16", llm2vec_python, spec, shape, lora_params,
-                                logs / "llm2vec_worker.log")
-    hf_model = load()[0] if "hf" not in skip else None
-    hf_fp32_model = load()[0] if "hf" not in skip and not cuda else None  # its own model: Accelerate patches forward
+        llm2vec = LLM2VecRunner("llm2vec-lora-bf16", llm2vec_python, llm2vec_spec(bench), shape, lora_params,
+                                bench.logs / "llm2vec_worker.log")
+    hf_model = load_model(bench)[0] if "hf" not in bench.skip else None
+    hf_fp32_model = load_model(bench)[0] if "hf" not in bench.skip and not bench.cuda else None
+    return Models(full_model, shape, lora_model, lora_params, hf_model, hf_fp32_model, llm2vec)
 
-    # adapt as it ships: Trainer.train_step with build_optimizer (fused AdamW where it runs); the other configurations
-    # of full_model share its optimizer (one AdamW state), except the foreach lever, which has its own
-    shipped = adapt_runner("adapt-full-bf16+fused", full_model, True, shape=shape,
-                           notes="adapt.training.loop.Trainer.train_step + build_optimizer, as adapt ships")
-    fused_ok = shipped.fused
-    if not fused_ok:
+
+def full_tuning_runners(bench: Bench, models: Models) -> tuple[list[Runner], AdaptRunner, AdaptRunner | None]:
+    """adapt's full fine-tuning configurations, and ``shipped`` (as adapt ships: Trainer.train_step with
+    build_optimizer, fused AdamW where it runs) and ``foreach`` (the fused-AdamW lever, full run only) among them.
+
+    The configurations of the full model share shipped's optimizer (one AdamW state), except the foreach lever,
+    which has its own.
+    """
+    full, shape = models.full, models.shape
+    shipped = bench.adapt_runner("adapt-full-bf16+fused", full, True, shape=shape,
+                                 notes="adapt.training.loop.Trainer.train_step + build_optimizer, as adapt ships")
+    if not shipped.fused:
         shipped.notes += "; build_optimizer fell back to torch's default AdamW (no fused kernel here)"
     runners: list[Runner] = [
-        adapt_runner("fulllogits-full-bf16", full_model, True, shape=shape, head="full", share=shipped,
-                     notes="adapt's Trainer and objective, logits at every position")]
+        bench.adapt_runner("fulllogits-full-bf16", full, True, shape=shape, head="full", share=shipped,
+                           notes="adapt's Trainer and objective, logits at every position")]
     foreach = None
-    if fused_ok and not quick:  # the fused-AdamW lever end to end (quick: the optimizer step alone, under Levers)
-        foreach = adapt_runner("adapt-full-bf16", full_model, True, shape=shape, optimizer="foreach",
-                               notes="adapt's Trainer with torch's default AdamW instead of build_optimizer's fused one")
+    if shipped.fused and not bench.quick:  # the fused-AdamW lever end to end (quick: the optimizer step alone, under Levers)
+        foreach = bench.adapt_runner("adapt-full-bf16", full, True, shape=shape, optimizer="foreach",
+                                     notes="adapt's Trainer with torch's default AdamW instead of build_optimizer's fused one")
         runners.insert(0, foreach)
-    if not quick:  # fp32 with torch's default AdamW (quick: the fp32 lever is measured with fused AdamW only)
-        runners.insert(1, adapt_runner("adapt-full-fp32", full_model, False, shape=shape, share=foreach or shipped))
+    if not bench.quick:  # fp32 with torch's default AdamW (quick: the fp32 lever is measured with fused AdamW only)
+        runners.insert(1, bench.adapt_runner("adapt-full-fp32", full, False, shape=shape, share=foreach or shipped))
     runners.append(shipped)
-    runners.append(adapt_runner("adapt-full-fp32+fused", full_model, False, shape=shape, share=shipped,
-                                notes="train.mixed_precision=no, as adapt ships"))
-    if hf_model is not None:
-        runners.append(HFTrainerRunner("hf-trainer-full-bf16", hf_model, tokenizer, blocks, batch, ratio=args.mask_ratio,
-                                       bf16=True, device=device, shape=shape, train_base=True,
-                                       notes="transformers Trainer + DataCollatorForLanguageModeling"))
-        if hf_fp32_model is not None:
-            runners.append(HFTrainerRunner("hf-trainer-full-fp32", hf_fp32_model, tokenizer, blocks, batch,
-                                           ratio=args.mask_ratio, bf16=False, device=device, shape=shape, train_base=True,
-                                           notes="the usual route in fp32 (what this CPU runs fastest)"))
-    else:
-        not_run["hf-trainer-full-bf16"] = "skipped (--skip hf)"
-    if lora_model is not None:
-        lora = adapt_runner("adapt-lora-bf16", lora_model, True, shape=shape, train_base=False, lora_params=lora_params,
-                            notes="LoRA r16 on q,k,v,o,gate,up,down")
-        runners.append(lora)
-        if not quick:
-            runners.append(adapt_runner("adapt-lora-fp32", lora_model, False, shape=shape, train_base=False,
-                                        lora_params=lora_params, share=lora, notes="LoRA r16"))
-    if llm2vec is not None:
-        try:
-            llm2vec.wait_ready()
-            runners.append(llm2vec)
-        except RuntimeError as e:
-            not_run["llm2vec-lora-bf16"] = str(e)
-            llm2vec.close()
-            llm2vec = None
-    print(f"[setup] {time.perf_counter() - t_start:.0f}s; configurations: {', '.join(r.name for r in runners)}", flush=True)
+    runners.append(bench.adapt_runner("adapt-full-fp32+fused", full, False, shape=shape, share=shipped,
+                                      notes="train.mixed_precision=no, as adapt ships"))
+    return runners, shipped, foreach
 
-    measured = interleave(runners, rounds=rounds, steps=steps, budget_s=budget, device=device, peak_n=peak_n)
+
+def hf_trainer_runners(bench: Bench, models: Models, not_run: dict[str, str]) -> list[Runner]:
+    """The usual route (transformers Trainer), bf16 and, on CPU, fp32; none under --skip hf."""
+    if models.hf is None:
+        not_run["hf-trainer-full-bf16"] = "skipped (--skip hf)"
+        return []
+    common = dict(ratio=bench.args.mask_ratio, device=bench.device, shape=models.shape, train_base=True)
+    runners: list[Runner] = [HFTrainerRunner("hf-trainer-full-bf16", models.hf, bench.tokenizer, bench.blocks,
+                                             bench.batch, bf16=True, **common,
+                                             notes="transformers Trainer + DataCollatorForLanguageModeling")]
+    if models.hf_fp32 is not None:
+        runners.append(HFTrainerRunner("hf-trainer-full-fp32", models.hf_fp32, bench.tokenizer, bench.blocks,
+                                       bench.batch, bf16=False, **common,
+                                       notes="the usual route in fp32 (what this CPU runs fastest)"))
+    return runners
+
+
+def lora_runners(bench: Bench, models: Models) -> list[Runner]:
+    """adapt's LoRA configurations (bf16; fp32 too on a full run); none under --skip lora."""
+    if models.lora is None:
+        return []
+    kw = dict(shape=models.shape, train_base=False, lora_params=models.lora_params)
+    lora = bench.adapt_runner("adapt-lora-bf16", models.lora, True, notes="LoRA r16 on q,k,v,o,gate,up,down", **kw)
+    if bench.quick:
+        return [lora]
+    return [lora, bench.adapt_runner("adapt-lora-fp32", models.lora, False, share=lora, notes="LoRA r16", **kw)]
+
+
+def ready_llm2vec(models: Models, not_run: dict[str, str]) -> list[Runner]:
+    """LLM2Vec's runner once its worker is ready; a worker that fails goes in ``not_run`` (and models.llm2vec is
+    cleared)."""
+    if models.llm2vec is None:
+        return []
+    try:
+        models.llm2vec.wait_ready()
+        return [models.llm2vec]
+    except RuntimeError as e:
+        not_run["llm2vec-lora-bf16"] = str(e)
+        models.llm2vec.close()
+        models.llm2vec = None
+        return []
+
+
+def measure_configs(bench: Bench, runners: list[Runner], not_run: dict[str, str],
+                    llm2vec: LLM2VecRunner | None) -> tuple[dict, dict]:
+    """The interleaved rounds of every configuration: the raw measurements and their summary per configuration
+    (rows for the configurations not run say why)."""
+    measured = interleave(runners, rounds=bench.rounds, steps=bench.steps, budget_s=bench.budget, device=bench.device,
+                          peak_n=bench.peak_n)
     configs = summarize(runners, measured)
     for name, why in not_run.items():
         configs.setdefault(name, {"dtype": "bf16", "notes": f"not run: {why}"})
     if llm2vec is not None:
         llm2vec.close()
-    ratios = [r for r in (paired_ratio(configs, *HEADLINE),
-                          paired_ratio(configs, "adapt-full-bf16+fused", "fulllogits-full-bf16"),
-                          paired_ratio(configs, "adapt-full-fp32+fused", "hf-trainer-full-fp32"),
-                          paired_ratio(configs, "adapt-full-fp32+fused", "hf-trainer-full-bf16"),
-                          paired_ratio(configs, "adapt-full-bf16+fused", "adapt-full-bf16"),
-                          paired_ratio(configs, "adapt-full-fp32", "adapt-full-bf16"),
-                          paired_ratio(configs, "adapt-full-fp32+fused", "adapt-full-bf16+fused"),
-                          paired_ratio(configs, "adapt-lora-bf16", "llm2vec-lora-bf16"),
-                          paired_ratio(configs, "adapt-lora-bf16", "adapt-full-bf16+fused")) if r]
+    return measured, configs
 
-    # ---- levers measured on their own: optimizer step, data loading ----
-    levers = {}
+
+def headline_ratios(configs: dict) -> list[dict]:
+    """The pairs the report compares, headline first; pairs with a side not measured are left out."""
+    pairs = [HEADLINE,
+             ("adapt-full-bf16+fused", "fulllogits-full-bf16"),
+             ("adapt-full-fp32+fused", "hf-trainer-full-fp32"),
+             ("adapt-full-fp32+fused", "hf-trainer-full-bf16"),
+             ("adapt-full-bf16+fused", "adapt-full-bf16"),
+             ("adapt-full-fp32", "adapt-full-bf16"),
+             ("adapt-full-fp32+fused", "adapt-full-bf16+fused"),
+             ("adapt-lora-bf16", "llm2vec-lora-bf16"),
+             ("adapt-lora-bf16", "adapt-full-bf16+fused")]
+    return [r for r in (paired_ratio(configs, a, b) for a, b in pairs) if r]
+
+
+def optimizer_step_lever(device: str, full_model, shipped: AdaptRunner, foreach: AdaptRunner | None) -> dict:
+    """The fused-AdamW lever on its own: one optimizer step on all parameters (random gradients), fused
+    (build_optimizer's) against torch's default, interleaved, median of 3 seconds each."""
     params = [p for p in full_model.parameters() if p.requires_grad]
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3
@@ -1077,7 +1210,7 @@ def main(argv=None) -> dict | None:
     foreach_opt = foreach.trainer.optimizer.optimizer if foreach is not None else foreach_adamw(fused_opt)
     opt_times = {"foreach (torch's default)": [], "fused (adapt)": []}
     for _ in range(3):
-        for label, opt in (("foreach (torch's default)", foreach_opt), ("fused (adapt)", fused_opt if fused_ok else None)):
+        for label, opt in (("foreach (torch's default)", foreach_opt), ("fused (adapt)", fused_opt if shipped.fused else None)):
             if opt is None:
                 continue
             sync(device)
@@ -1086,190 +1219,300 @@ def main(argv=None) -> dict | None:
             sync(device)
             opt_times[label].append(time.perf_counter() - t0)
     full_model.zero_grad(set_to_none=True)
-    levers["AdamW step on all params (s, median of 3, interleaved)"] = {k: round(statistics.median(v), 3)
-                                                                        for k, v in opt_times.items() if v}
-    del fused_opt, foreach_opt, shipped, foreach
+    return {k: round(statistics.median(v), 3) for k, v in opt_times.items() if v}
+
+
+def close_adapt_runners(runners: list[Runner]) -> None:
+    """Let go of the adapt Trainers (their optimizer states) before the next phase."""
     for r in runners:
         if isinstance(r, AdaptRunner):
             r.close()
     gc.collect()
 
-    # ---- time per token vs sequence length (fixed tokens per step) and vs batch size ----
+
+def sweep_points(bench: Bench) -> dict[tuple[str, int, int], list[str]]:
+    """(dtype label, seq_len, batch) -> the sweeps it belongs to ("seq": fixed tokens per step, "batch": the
+    run's seq_len). Quick: the sequence-length sweep only, bf16 only."""
+    quick = bench.quick
+    tokens = 1024 if quick else 4096
+    seqs = [128, 1024] if quick else [128, 256, 512, 1024, 2048]
+    batches = [] if quick else [1, 2, 4, 8, 16, 32]
+    sweep_cfgs = [("bf16", True)] if quick else [("bf16", True), ("fp32", False)]
+    points = {}
+    for label, _ in sweep_cfgs:
+        for seq in seqs:
+            points.setdefault((label, seq, max(1, tokens // seq)), []).append("seq")
+        for b in batches:
+            points.setdefault((label, bench.args.seq_len, b), []).append("batch")
+    return points
+
+
+def sweep_entry(label: str, seq: int, b: int, row: dict) -> dict:
+    """One sweep point of the report, from its summary row."""
+    return {"config": f"adapt-full-{label}+fused", "seq_len": seq, "batch": b, "tokens": seq * b,
+            "ms_per_token": 1000 / row["tokens_per_s"] if "tokens_per_s" in row else None,
+            "cpu_ms_per_token": 1000 / row["tokens_per_cpu_s"] if "tokens_per_cpu_s" in row else None,
+            "tokens_per_s": row.get("tokens_per_s"), "mfu": row.get("mfu"), "steps": row.get("steps")}
+
+
+def run_sweeps(bench: Bench, full_model, shape: Shape) -> tuple[list[dict], list[dict]]:
+    """Time per token vs sequence length (fixed tokens per step) and vs batch size: adapt's Trainer at each point,
+    all sharing the first one's optimizer (one AdamW state). The model is warm already: no warm-up step."""
+    quick = bench.quick
+    sweep_runners = []
+    for (label, seq, b), kinds in sweep_points(bench).items():
+        runner = bench.adapt_runner(f"seq{seq}x{b}-{label}", full_model, label == "bf16", shape=shape, batch=b,
+                                    store=token_store(bench.tokenizer, seq, bench.cache, bench.args.text),
+                                    share=sweep_runners[0] if sweep_runners else None)
+        runner.sweep = (kinds, label, seq, b)
+        sweep_runners.append(runner)
+    sweep = interleave(sweep_runners, rounds=1 if quick else 3, steps=1 if quick else 2, device=bench.device,
+                       budget_s=45 if quick else 3600, min_rounds=1, peak_n=bench.peak_n, warmup=False)
+    sweep_summary = summarize(sweep_runners, sweep)
     seq_sweep, batch_sweep = [], []
-    if "sweep" not in skip:
-        tokens = 1024 if quick else 4096
-        seqs = [128, 1024] if quick else [128, 256, 512, 1024, 2048]
-        batches = [] if quick else [1, 2, 4, 8, 16, 32]  # quick: the sequence-length sweep only
-        sweep_cfgs = [("bf16", True)] if quick else [("bf16", True), ("fp32", False)]
-        points = {}  # (label, seq, batch) -> [sweeps it belongs to]
-        for label, _ in sweep_cfgs:
-            for seq in seqs:
-                points.setdefault((label, seq, max(1, tokens // seq)), []).append("seq")
-            for b in batches:
-                points.setdefault((label, args.seq_len, b), []).append("batch")
-        sweep_runners = []
-        for (label, seq, b), kinds in points.items():
-            # adapt's Trainer at each point; all share the first one's optimizer (one AdamW state)
-            runner = adapt_runner(f"seq{seq}x{b}-{label}", full_model, label == "bf16", shape=shape, batch=b,
-                                  store=token_store(tokenizer, seq, cache, args.text),
-                                  share=sweep_runners[0] if sweep_runners else None)
-            runner.sweep = (kinds, label, seq, b)
-            sweep_runners.append(runner)
-        # the model is warm already: no warm-up step, one round at least
-        sweep = interleave(sweep_runners, rounds=1 if quick else 3, steps=1 if quick else 2, device=device,
-                           budget_s=45 if quick else 3600, min_rounds=1, peak_n=peak_n, warmup=False)
-        sweep_summary = summarize(sweep_runners, sweep)
-        for r in sweep_runners:
-            kinds, label, seq, b = r.sweep
-            row = sweep_summary[r.name]
-            entry = {"config": f"adapt-full-{label}+fused", "seq_len": seq, "batch": b, "tokens": seq * b,
-                     "ms_per_token": 1000 / row["tokens_per_s"] if "tokens_per_s" in row else None,
-                     "cpu_ms_per_token": 1000 / row["tokens_per_cpu_s"] if "tokens_per_cpu_s" in row else None,
-                     "tokens_per_s": row.get("tokens_per_s"), "mfu": row.get("mfu"), "steps": row.get("steps")}
-            if "seq" in kinds:
-                seq_sweep.append(entry)
-            if "batch" in kinds:
-                batch_sweep.append(entry)
-        seq_sweep.sort(key=lambda e: (e["config"], e["seq_len"]))
-        batch_sweep.sort(key=lambda e: (e["config"], e["batch"]))
-        for r in sweep_runners:
-            r.close()
-        del sweep_runners
-        gc.collect()
-
-    del full_model, lora_model, hf_model, runners
+    for r in sweep_runners:
+        kinds, label, seq, b = r.sweep
+        entry = sweep_entry(label, seq, b, sweep_summary[r.name])
+        if "seq" in kinds:
+            seq_sweep.append(entry)
+        if "batch" in kinds:
+            batch_sweep.append(entry)
+    seq_sweep.sort(key=lambda e: (e["config"], e["seq_len"]))
+    batch_sweep.sort(key=lambda e: (e["config"], e["batch"]))
+    for r in sweep_runners:
+        r.close()
+    del sweep_runners
     gc.collect()
+    return seq_sweep, batch_sweep
 
-    # ---- peak memory: one subprocess per configuration ----
-    memory, memory_notes = {}, []
-    if "memory" not in skip:
-        mem_specs = {}  # quick: only the QLoRA / LoRA pair below (the memory target)
-        if not quick:
-            mem_specs.update({
-                "adapt-full-bf16+fused": dict(route="adapt", tuning="full", weights="auto", amp=True),
-                "hf-trainer-full-bf16": dict(route="hf-trainer", tuning="full", weights="auto", amp=True),
-                "adapt-full-bf16": dict(route="adapt", tuning="full", weights="auto", amp=True, optimizer="foreach"),
-                "adapt-full-fp32": dict(route="adapt", tuning="full", weights="auto", amp=False, optimizer="foreach"),
-                "fulllogits-full-bf16": dict(route="fulllogits", tuning="full", weights="auto", amp=True),
-                "adapt-full-bf16+gradckpt": dict(route="adapt", tuning="full", weights="auto", amp=True, grad_ckpt=True),
-                "adapt-lora-bf16": dict(route="adapt", tuning="lora", weights="auto", amp=True),
-            })
-        for name, extra in mem_specs.items():
-            spec = dict(model_dir=str(folder), store=str(store.path), batch=batch, seq_len=args.seq_len,
-                        mask_ratio=args.mask_ratio, objective=args.objective, steps=2, device=device,
-                        threads=torch.get_num_threads(), attn=args.attn, **extra)
-            row = run_worker("memory", spec, timeout=900, log=logs / "memory_workers.log")
-            memory[name] = {**row, "model": Path(str(args.model)).name or args.model, "seq_len": args.seq_len, "batch": batch}
-            print(f"[memory] {name}: {row.get('train_peak_rss_mib', row.get('error'))}", flush=True)
-    if "qlora" not in skip and "memory" not in skip:
-        big_cfg = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
-                       num_key_value_heads=16, max_position_embeddings=4096, tie_word_embeddings=True)
-        big = cache / "models" / "llama-0.5b-random-bf16"
-        if not (big / "config.json").exists():
-            made = run_worker("make-model", {"tokenizer_dir": str(folder), "config": big_cfg, "out": str(big)},
-                              timeout=900, log=logs / "memory_workers.log")
-            print(f"[memory] built {big}: {made}", flush=True)
-        q_seq, q_batch = 128, 2
-        q_store = token_store(tokenizer, q_seq, cache, args.text)
-        # as presets/qlora.yaml trains (gradient checkpointing on), and LoRA on the same terms, each as adapt
-        # ships it (tuning.cpu_malloc=auto: QLoRA fixes glibc's mmap threshold at 128 KiB on the CPU, LoRA
-        # keeps glibc's default) and with the other malloc setting, so that both are also compared on equal
-        # terms. bitsandbytes on CPU dequantizes a weight for every matmul; glibc's default (a threshold
-        # that rises to the largest block freed) keeps those blocks in the heap, which RSS counts.
-        q_specs = {"0.5B lora-bf16+gradckpt": dict(tuning="lora", weights="bfloat16", grad_ckpt=True),
-                   "0.5B qlora-nf4+gradckpt": dict(tuning="qlora", weights="bfloat16", grad_ckpt=True)}
-        if not cuda:
-            q_specs.update({"0.5B lora-bf16+gradckpt, malloc lean": dict(tuning="lora", weights="bfloat16", grad_ckpt=True,
-                                                                          cpu_malloc="lean"),
-                            "0.5B qlora-nf4+gradckpt, malloc glibc": dict(tuning="qlora", weights="bfloat16",
-                                                                           grad_ckpt=True, cpu_malloc="glibc")})
-        if not quick:
-            q_specs.update({"0.5B qlora-nf4+gradckpt+fp32-norms": dict(tuning="qlora", weights="bfloat16", grad_ckpt=True,
-                                                                       kbit_fp32="norms"),
-                            "0.5B qlora-nf4+gradckpt+peft-fp32": dict(tuning="qlora", weights="bfloat16", grad_ckpt=True,
-                                                                      kbit_fp32="all"),
-                            "0.5B lora-bf16": dict(tuning="lora", weights="bfloat16"),
-                            "0.5B qlora-nf4": dict(tuning="qlora", weights="bfloat16")})
-        # On CPU each configuration runs at the same time as its twin under the other malloc setting, each
-        # on half the threads: memory is per process, and the twins' step times are side by side.
-        twins = [("0.5B lora-bf16+gradckpt", "0.5B lora-bf16+gradckpt, malloc lean"),
-                 ("0.5B qlora-nf4+gradckpt", "0.5B qlora-nf4+gradckpt, malloc glibc")]
-        groups = [list(t) for t in twins if all(n in q_specs for n in t)]
-        groups += [[n] for n in q_specs if not any(n in g for g in groups)]
-        for group in groups:
-            threads = torch.get_num_threads() if len(group) == 1 else max(1, torch.get_num_threads() // len(group))
-            jobs = [("memory", dict(model_dir=str(big), store=str(q_store.path), batch=q_batch, seq_len=q_seq,
-                                    mask_ratio=args.mask_ratio, objective=args.objective, steps=1 if quick else 2,
-                                    device=device, route="adapt", amp=True, threads=threads, attn=args.attn,
-                                    **q_specs[name])) for name in group]
-            for name, row in zip(group, run_workers(jobs, timeout=1200, log=logs / "memory_workers.log")):
-                memory[name] = {**row, "model": "Llama 0.5B (random, from config)", "seq_len": q_seq, "batch": q_batch,
-                                "threads": threads, "run_with": [n for n in group if n != name]}
-                print(f"[memory] {name}: {row.get('train_peak_rss_mib', row.get('error'))}", flush=True)
-        key = "cuda_peak_mib" if cuda else "train_peak_over_baseline_mib"
-        what = "peak RSS over the post-import RSS" if not cuda else "CUDA peak"
-        shipped = "as adapt ships them" + (": QLoRA with malloc lean, LoRA with glibc's" if not cuda else "")
-        pairs = [("", "0.5B lora-bf16+gradckpt", "0.5B qlora-nf4+gradckpt", f"{what}, {shipped}"),
-                 ("equal malloc: ", "0.5B lora-bf16+gradckpt, malloc lean", "0.5B qlora-nf4+gradckpt",
-                  "both with malloc lean"),
-                 ("equal malloc: ", "0.5B lora-bf16+gradckpt", "0.5B qlora-nf4+gradckpt, malloc glibc",
-                  "both with glibc's default"),
-                 ("fp32 norms: ", "0.5B lora-bf16+gradckpt", "0.5B qlora-nf4+gradckpt+fp32-norms",
-                  "tuning.kbit_fp32=norms, adapt's default before"),
-                 ("peft: ", "0.5B lora-bf16+gradckpt", "0.5B qlora-nf4+gradckpt+peft-fp32",
-                  "tuning.kbit_fp32=all, peft's prepare_model_for_kbit_training")]
-        for prefix, lo_name, q_name, how in pairs:
-            lo, q = memory.get(lo_name, {}), memory.get(q_name, {})
-            if key in lo and key in q:
-                levers[f"{prefix}QLoRA 4-bit / bf16 LoRA peak memory (0.5B, both with gradient checkpointing; {how})"] = \
-                    f"{q[key] / lo[key]:.3f}" + (" (target <= 0.5)" if not prefix else "")
-        q = memory.get("0.5B qlora-nf4+gradckpt", {})
-        lo = memory.get("0.5B lora-bf16+gradckpt", {})
-        if "param_mib" in q and "param_mib" in lo:
-            memory_notes.append(
-                f"QLoRA: parameters take {q['param_mib']:.0f} MiB against {lo['param_mib']:.0f} MiB for bf16 LoRA; both "
-                "also hold the same LoRA weights, gradients and AdamW state (9M parameters in fp32, about 140 MiB), which "
-                "bounds the ratio at this size. adapt (tuning.kbit_fp32=auto, the default) keeps every frozen weight that "
-                "is not quantized in the loaded bf16, so the residual stream stays bf16 as in bf16 LoRA; `norms` casts "
-                "norms and biases to fp32 (and with them the residual stream), and peft's prepare_model_for_kbit_training "
-                "(`all`) also the embeddings and tied head, which a 49k vocabulary makes large. bitsandbytes on CPU "
-                "dequantizes each weight for every matmul; with glibc's default malloc the freed blocks stay in the "
-                "heap and RSS counts them. tuning.cpu_malloc=auto (the default) fixes glibc's mmap threshold at 128 KiB "
-                "for QLoRA on the CPU, which returns them and costs step time (`malloc lean` / `malloc glibc` rows: "
-                "the other setting; each ran at the same time as its twin, each on half the threads, so their step "
-                "times are side by side).")
 
-    # ---- results ----
-    peaks = {k: max(v) / 1e9 for k, v in measured["peaks"].items()}
-    peaks_med = {k: statistics.median(v) / 1e9 for k, v in measured["peaks"].items()}
-    head = next((r for r in ratios if (r["a"], r["b"]) == HEADLINE), None)
-    headline = (f"adapt MLM step vs transformers route: {head['ratio']:.2f}x tokens/s "
-                f"({head['cpu_ratio']:.2f}x per CPU-second)" if head
-                else "adapt MLM step vs transformers route: not measured")
-    results = {
-        "machine": machine_info(device),
-        "settings": {"command": command_line(MODULE, argv),
-                     "quick": quick, "model": args.model, "model_short": Path(args.model).name or args.model,
-                     "params": shape.total, "seq_len": args.seq_len, "batch": batch,
-                     "objective": args.objective, "mask_ratio": args.mask_ratio, "steps_per_round": steps,
-                     "rounds_done": len(measured["peaks"]["fp32"]), "peak_n": peak_n, "attn": args.attn or "family default",
-                     "text": Path(args.text).name if args.text else "gensim lee_background.cor",
-                     "wall_s": None},
-        "peaks_gflops": peaks, "peaks_median_gflops": peaks_med, "configs": configs, "ratios": ratios,
-        "levers": levers, "seq_sweep": seq_sweep, "batch_sweep": batch_sweep, "memory": memory,
-        "memory_notes": memory_notes, "not_run": not_run, "headline": headline,
+def config_memory_specs(quick: bool) -> dict[str, dict]:
+    """The configurations whose peak memory is measured on the run's model (quick: none, only the QLoRA / LoRA
+    pair of :func:`qlora_specs`, the memory target)."""
+    if quick:
+        return {}
+    return {
+        "adapt-full-bf16+fused": dict(route="adapt", tuning="full", weights="auto", amp=True),
+        "hf-trainer-full-bf16": dict(route="hf-trainer", tuning="full", weights="auto", amp=True),
+        "adapt-full-bf16": dict(route="adapt", tuning="full", weights="auto", amp=True, optimizer="foreach"),
+        "adapt-full-fp32": dict(route="adapt", tuning="full", weights="auto", amp=False, optimizer="foreach"),
+        "fulllogits-full-bf16": dict(route="fulllogits", tuning="full", weights="auto", amp=True),
+        "adapt-full-bf16+gradckpt": dict(route="adapt", tuning="full", weights="auto", amp=True, grad_ckpt=True),
+        "adapt-lora-bf16": dict(route="adapt", tuning="lora", weights="auto", amp=True),
     }
-    results["settings"]["wall_s"] = round(time.perf_counter() - t_start, 1)
-    write_report(results, args.out)
-    print(f"[done] {results['settings']['wall_s']:.0f}s; results in {args.out}/train_throughput.{{json,md,png}}")
-    for r in ratios:
+
+
+def measure_config_memory(bench: Bench) -> dict[str, dict]:
+    """Peak memory of :func:`config_memory_specs` on the run's model: one subprocess per configuration."""
+    args, memory = bench.args, {}
+    for name, extra in config_memory_specs(bench.quick).items():
+        spec = dict(model_dir=str(bench.folder), store=str(bench.store.path), batch=bench.batch, seq_len=args.seq_len,
+                    mask_ratio=args.mask_ratio, objective=args.objective, steps=2, device=bench.device,
+                    threads=torch.get_num_threads(), attn=args.attn, **extra)
+        row = run_worker("memory", spec, timeout=900, log=bench.logs / "memory_workers.log")
+        memory[name] = {**row, "model": Path(str(args.model)).name or args.model, "seq_len": args.seq_len,
+                        "batch": bench.batch}
+        print(f"[memory] {name}: {row.get('train_peak_rss_mib', row.get('error'))}", flush=True)
+    return memory
+
+
+def qlora_model(bench: Bench) -> Path:
+    """A ~0.5B Llama built from a config (random weights, bf16, the run's tokenizer), made once in the cache."""
+    big_cfg = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
+                   num_key_value_heads=16, max_position_embeddings=4096, tie_word_embeddings=True)
+    big = bench.cache / "models" / "llama-0.5b-random-bf16"
+    if not (big / "config.json").exists():
+        made = run_worker("make-model", {"tokenizer_dir": str(bench.folder), "config": big_cfg, "out": str(big)},
+                          timeout=900, log=bench.logs / "memory_workers.log")
+        print(f"[memory] built {big}: {made}", flush=True)
+    return big
+
+
+def qlora_specs(cuda: bool, quick: bool) -> dict[str, dict]:
+    """QLoRA against LoRA on the 0.5B model.
+
+    As presets/qlora.yaml trains (gradient checkpointing on), and LoRA on the same terms, each as adapt ships it
+    (tuning.cpu_malloc=auto: QLoRA fixes glibc's mmap threshold at 128 KiB on the CPU, LoRA keeps glibc's default)
+    and with the other malloc setting, so that both are also compared on equal terms. bitsandbytes on CPU
+    dequantizes a weight for every matmul; glibc's default (a threshold that rises to the largest block freed) keeps
+    those blocks in the heap, which RSS counts.
+    """
+    q_specs = {"0.5B lora-bf16+gradckpt": dict(tuning="lora", weights="bfloat16", grad_ckpt=True),
+               "0.5B qlora-nf4+gradckpt": dict(tuning="qlora", weights="bfloat16", grad_ckpt=True)}
+    if not cuda:
+        q_specs.update({"0.5B lora-bf16+gradckpt, malloc lean": dict(tuning="lora", weights="bfloat16", grad_ckpt=True,
+                                                                      cpu_malloc="lean"),
+                        "0.5B qlora-nf4+gradckpt, malloc glibc": dict(tuning="qlora", weights="bfloat16",
+                                                                       grad_ckpt=True, cpu_malloc="glibc")})
+    if not quick:
+        q_specs.update({"0.5B qlora-nf4+gradckpt+fp32-norms": dict(tuning="qlora", weights="bfloat16", grad_ckpt=True,
+                                                                   kbit_fp32="norms"),
+                        "0.5B qlora-nf4+gradckpt+peft-fp32": dict(tuning="qlora", weights="bfloat16", grad_ckpt=True,
+                                                                  kbit_fp32="all"),
+                        "0.5B lora-bf16": dict(tuning="lora", weights="bfloat16"),
+                        "0.5B qlora-nf4": dict(tuning="qlora", weights="bfloat16")})
+    return q_specs
+
+
+def twin_groups(q_specs: dict[str, dict]) -> list[list[str]]:
+    """The configurations run together: on CPU each runs at the same time as its twin under the other malloc
+    setting, each on half the threads (memory is per process, and the twins' step times are side by side)."""
+    twins = [("0.5B lora-bf16+gradckpt", "0.5B lora-bf16+gradckpt, malloc lean"),
+             ("0.5B qlora-nf4+gradckpt", "0.5B qlora-nf4+gradckpt, malloc glibc")]
+    groups = [list(t) for t in twins if all(n in q_specs for n in t)]
+    groups += [[n] for n in q_specs if not any(n in g for g in groups)]
+    return groups
+
+
+def measure_qlora_memory(bench: Bench) -> dict[str, dict]:
+    """Peak memory of QLoRA 4-bit against bf16 LoRA on the 0.5B model, one subprocess per configuration."""
+    args, memory = bench.args, {}
+    big = qlora_model(bench)
+    q_seq, q_batch = 128, 2
+    q_store = token_store(bench.tokenizer, q_seq, bench.cache, args.text)
+    q_specs = qlora_specs(bench.cuda, bench.quick)
+    for group in twin_groups(q_specs):
+        threads = torch.get_num_threads() if len(group) == 1 else max(1, torch.get_num_threads() // len(group))
+        jobs = [("memory", dict(model_dir=str(big), store=str(q_store.path), batch=q_batch, seq_len=q_seq,
+                                mask_ratio=args.mask_ratio, objective=args.objective, steps=1 if bench.quick else 2,
+                                device=bench.device, route="adapt", amp=True, threads=threads, attn=args.attn,
+                                **q_specs[name])) for name in group]
+        for name, row in zip(group, run_workers(jobs, timeout=1200, log=bench.logs / "memory_workers.log")):
+            memory[name] = {**row, "model": "Llama 0.5B (random, from config)", "seq_len": q_seq, "batch": q_batch,
+                            "threads": threads, "run_with": [n for n in group if n != name]}
+            print(f"[memory] {name}: {row.get('train_peak_rss_mib', row.get('error'))}", flush=True)
+    return memory
+
+
+def qlora_levers(memory: dict, cuda: bool) -> dict[str, str]:
+    """QLoRA / LoRA peak-memory ratios: as adapt ships them, under equal malloc settings, and the fp32 casts."""
+    key = "cuda_peak_mib" if cuda else "train_peak_over_baseline_mib"
+    what = "peak RSS over the post-import RSS" if not cuda else "CUDA peak"
+    shipped = "as adapt ships them" + (": QLoRA with malloc lean, LoRA with glibc's" if not cuda else "")
+    pairs = [("", "0.5B lora-bf16+gradckpt", "0.5B qlora-nf4+gradckpt", f"{what}, {shipped}"),
+             ("equal malloc: ", "0.5B lora-bf16+gradckpt, malloc lean", "0.5B qlora-nf4+gradckpt",
+              "both with malloc lean"),
+             ("equal malloc: ", "0.5B lora-bf16+gradckpt", "0.5B qlora-nf4+gradckpt, malloc glibc",
+              "both with glibc's default"),
+             ("fp32 norms: ", "0.5B lora-bf16+gradckpt", "0.5B qlora-nf4+gradckpt+fp32-norms",
+              "tuning.kbit_fp32=norms, adapt's default before"),
+             ("peft: ", "0.5B lora-bf16+gradckpt", "0.5B qlora-nf4+gradckpt+peft-fp32",
+              "tuning.kbit_fp32=all, peft's prepare_model_for_kbit_training")]
+    levers = {}
+    for prefix, lo_name, q_name, how in pairs:
+        lo, q = memory.get(lo_name, {}), memory.get(q_name, {})
+        if key in lo and key in q:
+            levers[f"{prefix}QLoRA 4-bit / bf16 LoRA peak memory (0.5B, both with gradient checkpointing; {how})"] = \
+                f"{q[key] / lo[key]:.3f}" + (" (target <= 0.5)" if not prefix else "")
+    return levers
+
+
+def qlora_notes(memory: dict) -> list[str]:
+    """What the QLoRA / LoRA memory ratio is made of (when both were measured)."""
+    q = memory.get("0.5B qlora-nf4+gradckpt", {})
+    lo = memory.get("0.5B lora-bf16+gradckpt", {})
+    if "param_mib" not in q or "param_mib" not in lo:
+        return []
+    return [
+        f"QLoRA: parameters take {q['param_mib']:.0f} MiB against {lo['param_mib']:.0f} MiB for bf16 LoRA; both "
+        "also hold the same LoRA weights, gradients and AdamW state (9M parameters in fp32, about 140 MiB), which "
+        "bounds the ratio at this size. adapt (tuning.kbit_fp32=auto, the default) keeps every frozen weight that "
+        "is not quantized in the loaded bf16, so the residual stream stays bf16 as in bf16 LoRA; `norms` casts "
+        "norms and biases to fp32 (and with them the residual stream), and peft's prepare_model_for_kbit_training "
+        "(`all`) also the embeddings and tied head, which a 49k vocabulary makes large. bitsandbytes on CPU "
+        "dequantizes each weight for every matmul; with glibc's default malloc the freed blocks stay in the "
+        "heap and RSS counts them. tuning.cpu_malloc=auto (the default) fixes glibc's mmap threshold at 128 KiB "
+        "for QLoRA on the CPU, which returns them and costs step time (`malloc lean` / `malloc glibc` rows: "
+        "the other setting; each ran at the same time as its twin, each on half the threads, so their step "
+        "times are side by side)."]
+
+
+def measure_memory(bench: Bench, levers: dict) -> tuple[dict, list[str]]:
+    """Peak memory, one subprocess per configuration (none under --skip memory; no QLoRA under --skip qlora);
+    the QLoRA ratios go into ``levers``. Returns the rows and the notes under them."""
+    memory, memory_notes = {}, []
+    if "memory" in bench.skip:
+        return memory, memory_notes
+    memory.update(measure_config_memory(bench))
+    if "qlora" not in bench.skip:
+        memory.update(measure_qlora_memory(bench))
+        levers.update(qlora_levers(memory, bench.cuda))
+        memory_notes += qlora_notes(memory)
+    return memory, memory_notes
+
+
+def headline_of(ratios: list[dict]) -> str:
+    """The last line printed: adapt as it ships against the usual route."""
+    head = next((r for r in ratios if (r["a"], r["b"]) == HEADLINE), None)
+    return (f"adapt MLM step vs transformers route: {head['ratio']:.2f}x tokens/s "
+            f"({head['cpu_ratio']:.2f}x per CPU-second)" if head
+            else "adapt MLM step vs transformers route: not measured")
+
+
+def run_settings(bench: Bench, argv, shape: Shape, measured: dict) -> dict:
+    """The ``settings`` of the results: the command, the model, the shape of the run (``wall_s`` is set last)."""
+    args = bench.args
+    return {"command": command_line(MODULE, argv),
+            "quick": bench.quick, "model": args.model, "model_short": Path(args.model).name or args.model,
+            "params": shape.total, "seq_len": args.seq_len, "batch": bench.batch,
+            "objective": args.objective, "mask_ratio": args.mask_ratio, "steps_per_round": bench.steps,
+            "rounds_done": len(measured["peaks"]["fp32"]), "peak_n": bench.peak_n, "attn": args.attn or "family default",
+            "text": Path(args.text).name if args.text else "gensim lee_background.cor",
+            "wall_s": None}
+
+
+def print_summary(results: dict, out_dir: Path) -> None:
+    """Where the results are, every ratio and configuration, and the headline last."""
+    print(f"[done] {results['settings']['wall_s']:.0f}s; results in {out_dir}/train_throughput.{{json,md,png}}")
+    for r in results["ratios"]:
         print(f"  {r['a']} / {r['b']}: {r['ratio']:.2f}x (rounds {r['min']:.2f}-{r['max']:.2f}); "
               f"per CPU-second {r['cpu_ratio']:.2f}x ({r['cpu_min']:.2f}-{r['cpu_max']:.2f})")
-    for name, row in configs.items():
+    for name, row in results["configs"].items():
         if "tokens_per_s" in row:
             print(f"  {name}: {row['tokens_per_s']:.0f} tokens/s ({row['tokens_per_cpu_s']:.0f} per CPU-s), "
                   f"MFU {row['mfu']:.1%}")
-    print(headline, flush=True)
+    print(results["headline"], flush=True)
+
+
+def main(argv=None) -> dict | None:
+    args = parse_args(argv)
+    if args.worker:
+        return run_as_worker(args)
+    if args.report_only:
+        return rewrite_report(args)
+    t_start = time.perf_counter()
+    bench = resolve_settings(args)
+    prepare_inputs(bench)
+    not_run: dict[str, str] = {}
+    models = load_models(bench, not_run)
+    runners, shipped, foreach = full_tuning_runners(bench, models)
+    runners += hf_trainer_runners(bench, models, not_run) + lora_runners(bench, models)
+    runners += ready_llm2vec(models, not_run)
+    print(f"[setup] {time.perf_counter() - t_start:.0f}s; configurations: {', '.join(r.name for r in runners)}", flush=True)
+
+    measured, configs = measure_configs(bench, runners, not_run, models.llm2vec)
+    ratios = headline_ratios(configs)
+    levers = {"AdamW step on all params (s, median of 3, interleaved)":
+              optimizer_step_lever(bench.device, models.full, shipped, foreach)}
+    del shipped, foreach
+    close_adapt_runners(runners)
+    seq_sweep, batch_sweep = run_sweeps(bench, models.full, models.shape) if "sweep" not in bench.skip else ([], [])
+    shape = models.shape
+    del models, runners
+    gc.collect()
+    memory, memory_notes = measure_memory(bench, levers)
+
+    results = {
+        "machine": machine_info(bench.device),
+        "settings": run_settings(bench, argv, shape, measured),
+        "peaks_gflops": {k: max(v) / 1e9 for k, v in measured["peaks"].items()},
+        "peaks_median_gflops": {k: statistics.median(v) / 1e9 for k, v in measured["peaks"].items()},
+        "configs": configs, "ratios": ratios, "levers": levers, "seq_sweep": seq_sweep, "batch_sweep": batch_sweep,
+        "memory": memory, "memory_notes": memory_notes, "not_run": not_run, "headline": headline_of(ratios),
+    }
+    results["settings"]["wall_s"] = round(time.perf_counter() - t_start, 1)
+    write_report(results, args.out)
+    print_summary(results, args.out)
     return results
 
 
