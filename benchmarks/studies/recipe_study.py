@@ -194,6 +194,9 @@ RECIPES: dict[str, list[tuple[str, float, dict]]] = {
     # the demo (weight 4) at 72% of the budget: 116 steps in place of 161. make demo (conversion, then the quick suite
     # with baselines) took 31 min on 2026-12-06, a machine 1.17x slower to train and 1.38x slower to embed than the
     # night before; at 116 steps and with the baselines sharing a load and a forward it fits 25 there
+    # `demo`: presets/demo.yaml as it ships (the same recipe), converted by `adapt convert --preset demo` into runs/demo
+    # and linked here as demo-s0 (the finetune command scores runs, it does not convert them)
+    "demo": [("crops", 0.72, DEMO_CROPS)],
     "crops-lora-lr1e-3-len16-sink-keep4-b72": [("crops", 0.72, {"contrastive": {"dropout": 0.0, "max_length": 16,
                                                                                "keep_source": 4.0},
                                                                **LORA, "train": {"lr": 1.0e-3},
