@@ -460,11 +460,18 @@ def finetune(args) -> None:
     stem = f"recipe_study{f'_{args.tag}' if args.tag else ''}_finetune_{args.split}"
     if args.split == "test":
         record_test_scoring("finetune (test items)", ", ".join(r.split("@label=")[1] for r in runs) +
-                            " + the source (causal classifier, bidirectional untrained), all-MiniLM-L6-v2",
+                            " + the source (causal classifier" + (", bidirectional untrained" if args.untrained else "")
+                            + "), all-MiniLM-L6-v2",
                             args.purpose or "fine-tuned axis finalists", f"{stem}.md")
-    result = run_bench(runs or [SOURCE], suite="finetune" + ("-dev" if args.split == "dev" else ""),
-                       out_dir=RUNS / f"bench-finetune-{args.split}", baselines=True, references=True, source=SOURCE,
-                       seeds=args.ft_seeds, update_cards=False)
+    from adapt.bench.finetuned import CAUSAL, UNTRAINED
+
+    # the source as transformers' own causal classifier (the reference), and on request made bidirectional untrained
+    # (each costs as much as a recipe); all-MiniLM-L6-v2 as the outside reference
+    baselines = [f"{SOURCE}@bidirectional=false,label={SOURCE} ({CAUSAL})"] + (
+        [f"{SOURCE}@bidirectional=true,label={SOURCE} ({UNTRAINED})"] if args.untrained else [])
+    result = run_bench(runs + baselines, suite="finetune" + ("-dev" if args.split == "dev" else ""),
+                       out_dir=RUNS / f"bench-finetune-{args.split}", references=True, seeds=args.ft_seeds,
+                       update_cards=False)
     RESULTS.mkdir(parents=True, exist_ok=True)
     for path in result.paths.values():
         publish(path, RESULTS / f"{stem}{Path(path).suffix}")
@@ -692,6 +699,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="report: also score the runs on the whole quick suite "
                     "(text and tasks the choice never sees), against the source's causal mean pooling (also after a sink prompt)")
     ap.add_argument("--ft-seeds", type=int, default=3, help="finetune: fine-tuning seeds per model and task")
+    ap.add_argument("--untrained", action="store_true", help="finetune: also the source made bidirectional, untrained")
     ap.add_argument("--purpose", help="finetune --split test: why the test split is scored (for the ledger)")
     ap.add_argument("--no-bench", action="store_true", help="run: convert only (for runs that `dims` or `report` "
                     "score next)")
