@@ -464,11 +464,13 @@ def finetune(args) -> None:
                             + "), all-MiniLM-L6-v2",
                             args.purpose or "fine-tuned axis finalists", f"{stem}.md")
     from adapt.bench.finetuned import CAUSAL, UNTRAINED
+    from adapt.bench.models import ModelSpec
 
     # the source as transformers' own causal classifier (the reference), and on request made bidirectional untrained
-    # (each costs as much as a recipe); all-MiniLM-L6-v2 as the outside reference
-    baselines = [f"{SOURCE}@bidirectional=false,label={SOURCE} ({CAUSAL})"] + (
-        [f"{SOURCE}@bidirectional=true,label={SOURCE} ({UNTRAINED})"] if args.untrained else [])
+    # (each costs as much as a recipe); all-MiniLM-L6-v2 as the outside reference. Specs, not strings: a label
+    # with a comma does not parse
+    baselines = [ModelSpec(SOURCE, bidirectional=False, label=f"{SOURCE} ({CAUSAL})")] + (
+        [ModelSpec(SOURCE, bidirectional=True, label=f"{SOURCE} ({UNTRAINED})")] if args.untrained else [])
     result = run_bench(runs + baselines, suite="finetune" + ("-dev" if args.split == "dev" else ""),
                        out_dir=RUNS / f"bench-finetune-{args.split}", references=True, seeds=args.ft_seeds,
                        update_cards=False)

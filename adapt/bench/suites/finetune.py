@@ -31,7 +31,7 @@ suite with a larger budget through ``adapt.bench.finetuned.run_finetune_bench(..
 """
 from __future__ import annotations
 
-from adapt.bench.suites.quick import cache_dir, load_quick_task, read_cached_task, stratified_split, write_cached_task
+from adapt.bench.suites.quick import cache_dir, cached_task, load_quick_task, stratified_split
 from adapt.bench.suites.standard import load_standard_task
 from adapt.bench.tasks import FinetuneTask, balanced_head
 from adapt.errors import DataError
@@ -64,14 +64,7 @@ def load_task(name: str, *, use_cache: bool = True) -> FinetuneTask:
     """The suites registry's entry: ``NAME`` (test items) or ``NAME-dev`` (dev items), cached as JSON."""
     if name not in TASK_NAMES:
         raise DataError(f"unknown fine-tuned task {name!r}; known: {', '.join(FINETUNE_TASKS)} (and NAME-dev)")
-    path = cache_dir() / f"finetune-v{VERSION}" / f"{name}.json"
-    cached = read_cached_task(path) if use_cache else None
-    if cached is not None:
-        return cached
-    task = _build(name)
-    if use_cache:
-        write_cached_task(path, task)
-    return task
+    return cached_task(cache_dir() / f"finetune-v{VERSION}" / f"{name}.json", lambda: _build(name), use_cache)
 
 
 def _build(name: str) -> FinetuneTask:

@@ -285,11 +285,15 @@ def load_quick_task(name: str, *, use_cache: bool = True) -> Task:
     """One task of the quick suite, from the JSON cache when present (parsing Wikipedia takes seconds)."""
     if name not in BUILDERS:
         raise DataError(f"unknown quick task {name!r}; known: {', '.join(BUILDERS)}")
-    path = cache_dir() / f"quick-v{VERSION}" / f"{name}.json"
+    return cached_task(cache_dir() / f"quick-v{VERSION}" / f"{name}.json", BUILDERS[name], use_cache)
+
+
+def cached_task(path: Path, build, use_cache: bool = True) -> Task:
+    """The task cached at ``path``, else ``build()`` (then cached there unless ``use_cache`` is False)."""
     cached = read_cached_task(path) if use_cache else None
     if cached is not None:
         return cached
-    task = BUILDERS[name]()
+    task = build()
     if use_cache:
         write_cached_task(path, task)
     return task
