@@ -92,7 +92,8 @@ def _digest(text: str) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:10]
 
 
-def _fit_and_predict(base: str, spec: ModelSpec, task: FinetuneTask, seed: int, budget: dict, show_progress: bool) -> dict:
+def _fit_and_predict(base: str, spec: ModelSpec, task: FinetuneTask, seed: int, budget: dict) -> dict:
+    """One fit (its own bar off: the bench's bar counts fits) and its predictions on the task's scored items."""
     from adapt.pipeline.classifiers import fit_classifier, predict, unique_labels
 
     kind = task.examples
@@ -169,7 +170,7 @@ def run_finetune_bench(models: list, tasks: list[FinetuneTask], *, out_dir, base
                     if path.is_file():
                         run = json.loads(path.read_text(encoding="utf-8"))
                     else:
-                        run = _fit_and_predict(bases[spec.canonical()], spec, task, seed, budget, show_progress)
+                        run = _fit_and_predict(bases[spec.canonical()], spec, task, seed, budget)
                         atomic_write_json(path, {"model": spec.canonical(), "task": task.name, "seed": seed,
                                                  "settings": settings, **run})
                     runs.append(run)

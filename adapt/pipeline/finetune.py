@@ -196,8 +196,11 @@ def finetune(encoder_source, train_path, out_dir, *, eval_path=None, text_field:
                             dev=(dev_examples, dev_names) if dev_examples else None, tuning=tuning, lr=lr,
                             epochs=epochs, batch_size=batch_size, max_length=max_length, patience=patience,
                             seed=seed, lora_r=lora_r, pooling=pooling, show_progress=show_progress)
+    from accelerate import PartialState
+
     model, tokenizer = fitted.model, fitted.tokenizer
-    if show_progress:
+    main_process = PartialState().is_main_process
+    if show_progress and main_process:  # one process prints (under torchrun every one trains)
         for h in fitted.history:
             print(f"epoch {h['epoch']}: loss {h['train_loss']:.4f}" + (
                 f", dev accuracy {h['accuracy']:.3f}, macro-F1 {h['macro_f1']:.3f}" if "accuracy" in h else ""))
@@ -215,9 +218,7 @@ def finetune(encoder_source, train_path, out_dir, *, eval_path=None, text_field:
         if dev_examples else best
     metrics.update(accuracy=final["accuracy"], macro_f1=final["macro_f1"], source=str(encoder_source),
                    seconds=round(time.perf_counter() - t0, 1))
-    from accelerate import PartialState
-
-    if PartialState().is_main_process:
+    if main_process:
         _save_classifier(model.cpu(), tokenizer, out_dir, metrics, staging)
     PartialState().wait_for_everyone()
     return metrics

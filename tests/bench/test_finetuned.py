@@ -90,7 +90,7 @@ def test_the_causal_baseline_stays_causal(report, monkeypatch):
     _, _, source = report
     seen = []
     monkeypatch.setattr(finetuned, "_fit_and_predict",
-                        lambda base, spec, task, seed, budget, progress: seen.append(spec.bidirectional) or
+                        lambda base, spec, task, seed, budget: seen.append(spec.bidirectional) or
                         {"labels": ["animal", "nlp"], "predicted": task.eval_labels, "seconds": 0.0, "train_loss": []})
     tasks = _toy_tasks()[:1]
     finetuned.run_finetune_bench([str(source)], tasks, out_dir=report[1].parent / "causal", baselines=True,
