@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import tempfile
 import time
 from pathlib import Path
@@ -31,7 +30,6 @@ from adapt.bench.tasks import FinetuneTask
 from adapt.errors import ConfigError
 from adapt.files import atomic_path, atomic_write_json, atomic_write_text
 
-log = logging.getLogger(__name__)
 CAUSAL, UNTRAINED = "causal classifier", "bidirectional, untrained"
 
 

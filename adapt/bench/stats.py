@@ -72,6 +72,8 @@ class ItemScores:
 
     def _over_seeds(self, data: np.ndarray, seeds: np.ndarray) -> np.ndarray:
         """data (B, n, 1 + S), seeds (B, k) seed columns: the statistic averaged over each row's seeds."""
+        from adapt.objectives.classification import scores_from_confusion  # torch: only when fine-tuned tasks are scored
+
         gold = data[..., 0].astype(np.int64)
         out = np.zeros(len(data))
         labels = int(self.values.max()) + 1
@@ -80,11 +82,9 @@ class ItemScores:
             if self.statistic == "accuracy_over_seeds":
                 out += (pred == gold).mean(axis=1)
                 continue
-            for row in range(len(data)):  # macro-F1 over the labels that occur as truth or prediction
+            for row in range(len(data)):  # macro-F1 as the fine-tuning loop computes it (adapt.objectives.classification)
                 cm = np.bincount(gold[row] * labels + pred[row], minlength=labels * labels).reshape(labels, labels)
-                tp, support, predicted = np.diag(cm), cm.sum(1), cm.sum(0)
-                present = support + predicted > 0
-                out[row] += (2 * tp[present] / (support[present] + predicted[present])).mean()
+                out[row] += scores_from_confusion(cm)["macro_f1"]
         return out / seeds.shape[1]
 
     def resampled(self, idx: np.ndarray) -> np.ndarray:

@@ -27,7 +27,7 @@ import torch
 
 from adapt.config.run_folder import CHECKPOINTS
 from adapt.config.settings import TrainConfig, TuningConfig
-from adapt.errors import ConfigError, DataError
+from adapt.errors import ConfigError
 from adapt.files import read_jsonl
 from adapt.model.loading import load_sequence_classifier
 from adapt.model.tuning import apply_tuning, merged_model
@@ -215,23 +215,6 @@ def stratified_split(labels: list[str], fraction: float, seed: int) -> tuple[lis
         dev += idx[:k]
         train += idx[k:]
     return train, dev
-
-
-def check_examples(kind: str, examples: list, labels: list, where: str) -> None:
-    """Refuse, before any model loads, examples that do not match ``kind``."""
-    if not examples:
-        raise DataError(f"{where}: no labeled examples")
-    if len(examples) != len(labels):
-        raise DataError(f"{where}: {len(examples)} examples but {len(labels)} labels")
-    if kind == "token":
-        for i, (words, tags) in enumerate(zip(examples, labels)):
-            if not isinstance(words, (list, tuple)) or len(words) != len(tags) or not words:
-                raise DataError(f"{where}: example {i} needs as many tags as words (non-empty), got "
-                                f"{len(words) if isinstance(words, (list, tuple)) else words!r} words and {len(tags)} tags")
-    elif kind == "pair" and not all(isinstance(e, (list, tuple)) and len(e) == 2 for e in examples):
-        raise DataError(f"{where}: pair examples are (text, text_pair)")
-    if len({y for row in labels for y in (row if kind == "token" else [row])}) < 2:
-        raise DataError(f"{where}: needs at least two labels")
 
 
 def unique_labels(kind: str, *label_lists: list) -> list[str]:
