@@ -174,16 +174,22 @@ def _history(metrics_path: Path, steps_per_epoch: int) -> list[dict]:
     return out
 
 
-@torch.no_grad()
+def batched_logits(model, ids: list[list[int]], pad_id: int, batch_size: int = 32):
+    """``(rows, logits)`` a batch, in float32 on the CPU: ``ids`` run longest first (less padding), ``rows`` their
+    indices in ``ids``. The model is put in eval mode and run without gradients."""
+    order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+    model.eval()
+    with torch.inference_mode():
+        for start in range(0, len(order), batch_size):
+            rows = order[start:start + batch_size]
+            x, m = pad_batch([ids[i] for i in rows], pad_id)
+            yield rows, model(input_ids=x.to(model.device), attention_mask=m.to(model.device)).logits.float().cpu()
+
+
 def predict_ids(model, ids: list[list[int]], pad_id: int, *, batch_size: int = 32) -> list:
     """Predicted label ids: one a row (sequence head) or a list a row, one a token (token head)."""
-    order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
     out: list = [None] * len(ids)
-    model.eval()
-    for start in range(0, len(order), batch_size):
-        rows = order[start:start + batch_size]
-        x, m = pad_batch([ids[i] for i in rows], pad_id)
-        logits = model(input_ids=x.to(model.device), attention_mask=m.to(model.device)).logits.float().cpu()
+    for rows, logits in batched_logits(model, ids, pad_id, batch_size):
         for k, i in enumerate(rows):
             out[i] = logits[k, :len(ids[i])].argmax(-1).tolist() if logits.dim() == 3 else int(logits[k].argmax())
     return out

