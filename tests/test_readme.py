@@ -209,3 +209,34 @@ def test_readme_python_example_runs(index, world, tmp_path, monkeypatch):
         exec(compile(code, f"README.md python block {index + 1}", "exec"), {"__name__": "readme_example"})
     finally:
         adapt.__dict__.pop("convert", None)
+
+
+def _ledger_lines(text: str) -> dict[int, list[str]]:
+    return {int(cells[0]): cells for cells in (
+        [c.strip() for c in line.strip().strip("|").split("|")] for line in text.splitlines()
+        if re.match(r"^\| \d+ \|", line))}
+
+
+def test_every_test_figure_the_readme_cites_is_a_ledger_line():
+    """'ledger #N' in the README is line N of benchmarks/results/test_ledger.md, and that line's results file
+    exists: a test-split figure the README reports was recorded when it was scored."""
+    cited = {int(n) for n in re.findall(r"ledger #(\d+)", README.read_text(encoding="utf-8"))}
+    lines = _ledger_lines((ROOT / "benchmarks" / "results" / "test_ledger.md").read_text(encoding="utf-8"))
+    assert cited, "the README cites no ledger line"
+    assert cited <= set(lines), f"the README cites ledger lines {sorted(cited - set(lines))} the ledger lacks"
+    for n in cited:
+        for name in re.split(r",\s*", lines[n][-1]):
+            assert (ROOT / "benchmarks" / "results" / name).is_file(), f"ledger #{n} names {name}, which is not there"
+
+
+def test_record_test_scoring_appends_the_next_line(tmp_path, monkeypatch):
+    import benchmarks.common as common
+
+    ledger = tmp_path / "test_ledger.md"
+    ledger.write_text("# Test-split ledger\n\n| # | date | commit | split | models | purpose | results |\n"
+                      "|---|---|---|---|---|---|---|\n| 7 | 2026-01-01 | abc | t | m | p | r.md |\n")
+    monkeypatch.setattr(common, "LEDGER", ledger)
+    assert common.record_test_scoring("finetune (test items)", "a | b", "finalists", "x.md") == 8
+    lines = _ledger_lines(ledger.read_text())
+    assert sorted(lines) == [7, 8]
+    assert lines[8][3:] == ["finetune (test items)", "a / b", "finalists", "x.md"]

@@ -12,6 +12,7 @@ the `standard` suite's dev split (choose there; report the test split for the fi
     python -m benchmarks.studies.recipe_study report --recipes a,b --seeds 0,1 --limit 300 --lean --quick   # + the quick suite
     python -m benchmarks.studies.recipe_study dims --recipes a,b --seeds 0 --limit 300 --order-dims --tag len32   # truncated sizes
     python -m benchmarks.studies.recipe_study finetune --recipes a,b --seeds 0 --tag masked   # the fine-tuned axis (finetune-dev)
+    python -m benchmarks.studies.recipe_study lr --ft-seeds 1    # the fine-tuned suite's learning rate, chosen on dev
 
 The budget is in steps, not in wall time, so that a busy machine does not change what a recipe
 trains: `calibrate` times a few steps of each stage signature (its kind, tuning, batch and lengths)
@@ -485,6 +486,52 @@ def finetune(args) -> None:
     _save(result, stem, _names(args.recipes), seeds)  # + each recipe over its conversion seeds (STEM_seeds.*)
 
 
+LRS = (3e-4, 1e-3, 3e-3)  # the fine-tuned suite's LoRA rate: chosen once on dev, the same for every model
+
+
+def lr_sweep(args) -> None:
+    """The fine-tuning budget's learning rate, chosen once on ``finetune-dev`` (issue 30: per tuning method, not per
+    model): the source as transformers' causal classifier and made bidirectional untrained (the two models every
+    comparison has, neither made by a recipe) fine-tuned at each of ``LRS`` with ``--ft-seeds`` seeds; the rate
+    with the best mean accuracy over both models and the 7 tasks is the suite's. Writes ``recipe_study_lr_finetune_dev.md``."""
+    import numpy as np
+
+    from adapt.bench.finetuned import CAUSAL, UNTRAINED, run_finetune_bench
+    from adapt.bench.models import ModelSpec
+    from adapt.bench.runner import _resolved_tasks
+
+    tasks = _resolved_tasks("finetune-dev", None, None)
+    models = [ModelSpec(SOURCE, bidirectional=False, label=f"{SOURCE} ({CAUSAL})"),
+              ModelSpec(SOURCE, bidirectional=True, label=f"{SOURCE} ({UNTRAINED})")]
+    lines = ["## The fine-tuned suite's LoRA learning rate, on finetune-dev", "",
+             f"{args.ft_seeds} fine-tuning seed(s); mean accuracy over the 7 dev tasks (in brackets: over the 5 text "
+             "classification tasks, without the pair and NER tasks)", "",
+             "| lr | " + " | ".join(m.label for m in models) + " | mean |", "|---|" + "---:|" * (len(models) + 1)]
+    text = [t.name for t in tasks if not t.name.startswith(("pair-", "token-"))]
+    best = None
+    for lr in LRS:
+        result = run_finetune_bench(models, tasks, out_dir=RUNS / "bench-finetune-dev", references=False,
+                                    seeds=args.ft_seeds, budget={"lr": {"lora": lr, "full": 5e-5}},
+                                    title=f"finetune-dev at lr {lr:g}")
+        acc = {(r["model"], r["task"]): r["value"] for r in result.rows if r.get("metric") == "accuracy"}
+        means = [np.mean([acc[(m.label, t.name)] for t in tasks]) for m in models]
+        texts = [np.mean([acc[(m.label, t)] for t in text]) for m in models]
+        lines.append(f"| {lr:g} | " + " | ".join(f"{a:.3f} ({b:.3f})" for a, b in zip(means, texts))
+                     + f" | {np.mean(means):.3f} ({np.mean(texts):.3f}) |")
+        best = max(best or (np.mean(means), lr), (np.mean(means), lr))
+    lines += ["", f"Chosen: lr {best[1]:g} (the suite's `BUDGET`, `adapt/bench/suites/finetune.py`, is "
+              f"{_suite_lr():g})."]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "recipe_study_lr_finetune_dev.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def _suite_lr() -> float:
+    from adapt.bench.suites.finetune import BUDGET
+
+    return BUDGET["lr"]["lora"]
+
+
 DIMS = ["full", 288, 144, 64]  # the sizes the study's Matryoshka recipes train: 1, 1/2, 1/4 and 1/9 of 576
 
 
@@ -687,7 +734,7 @@ def write_seed_summary(summary: list[dict], stem: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["calibrate", "plan", "run", "report", "dims", "finetune"])
+    ap.add_argument("command", choices=["calibrate", "plan", "run", "report", "dims", "finetune", "lr"])
     ap.add_argument("--recipes", help="comma-separated recipe names (default: all)")
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--split", choices=["dev", "test"], default="dev")
@@ -718,7 +765,8 @@ def main() -> None:
         for name in _names(args.recipes):
             print(name, [(k, s) for k, s, _ in plan(name)])
         return
-    {"calibrate": calibrate, "run": run, "report": report, "dims": dims, "finetune": finetune}[args.command](args)
+    {"calibrate": calibrate, "run": run, "report": report, "dims": dims, "finetune": finetune,
+     "lr": lr_sweep}[args.command](args)
 
 
 if __name__ == "__main__":
