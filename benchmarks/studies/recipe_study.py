@@ -499,6 +499,7 @@ def lr_sweep(args) -> None:
     from adapt.bench.finetuned import CAUSAL, UNTRAINED, run_finetune_bench
     from adapt.bench.models import ModelSpec
     from adapt.bench.runner import _resolved_tasks
+    from adapt.bench.suites.finetune import BUDGET
 
     tasks = _resolved_tasks("finetune-dev", None, None)
     models = [ModelSpec(SOURCE, bidirectional=False, label=f"{SOURCE} ({CAUSAL})"),
@@ -508,7 +509,7 @@ def lr_sweep(args) -> None:
              "classification tasks, without the pair and NER tasks)", "",
              "| lr | " + " | ".join(m.label for m in models) + " | mean |", "|---|" + "---:|" * (len(models) + 1)]
     text = [t.name for t in tasks if not t.name.startswith(("pair-", "token-"))]
-    best = None
+    scores = []  # (mean accuracy over both models and the 7 tasks, lr)
     for lr in LRS:
         result = run_finetune_bench(models, tasks, out_dir=RUNS / "bench-finetune-dev", references=False,
                                     seeds=args.ft_seeds, budget={"lr": {"lora": lr, "full": 5e-5}},
@@ -518,18 +519,12 @@ def lr_sweep(args) -> None:
         texts = [np.mean([acc[(m.label, t)] for t in text]) for m in models]
         lines.append(f"| {lr:g} | " + " | ".join(f"{a:.3f} ({b:.3f})" for a, b in zip(means, texts))
                      + f" | {np.mean(means):.3f} ({np.mean(texts):.3f}) |")
-        best = max(best or (np.mean(means), lr), (np.mean(means), lr))
-    lines += ["", f"Chosen: lr {best[1]:g} (the suite's `BUDGET`, `adapt/bench/suites/finetune.py`, is "
-              f"{_suite_lr():g})."]
+        scores.append((float(np.mean(means)), lr))
+    lines += ["", f"Chosen: lr {max(scores)[1]:g} (the suite's `BUDGET`, `adapt/bench/suites/finetune.py`, is "
+              f"{BUDGET['lr']['lora']:g})."]
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "recipe_study_lr_finetune_dev.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-
-
-def _suite_lr() -> float:
-    from adapt.bench.suites.finetune import BUDGET
-
-    return BUDGET["lr"]["lora"]
 
 
 DIMS = ["full", 288, 144, 64]  # the sizes the study's Matryoshka recipes train: 1, 1/2, 1/4 and 1/9 of 576
