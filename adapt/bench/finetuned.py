@@ -62,6 +62,7 @@ def trainable_folder(source: str, work: Path) -> str:
     """A folder or hub id transformers fine-tunes: an adapt encoder's Transformer folder, a model folder, a
     hub id, or a GGUF file dequantized once into ``work/sources/NAME`` (float32)."""
     from adapt.model.loading import looks_like_hub_id, resolve_source
+    from adapt.model.quantization import dequantized_gguf
     from adapt.pipeline.finetune import base_model_dir
 
     path = Path(source).expanduser()
@@ -75,11 +76,9 @@ def trainable_folder(source: str, work: Path) -> str:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        model = AutoModelForCausalLM.from_pretrained(resolved.path, gguf_file=resolved.gguf_file, dtype=torch.float32)
+        model = dequantized_gguf(AutoModelForCausalLM.from_pretrained(resolved.path, gguf_file=resolved.gguf_file,
+                                                                      dtype=torch.float32))
         tokenizer = AutoTokenizer.from_pretrained(resolved.path, gguf_file=resolved.gguf_file)
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config  # dequantized on load: saved as plain float32 weights
-        model.hf_quantizer = None
         with atomic_path(target) as tmp:
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)

@@ -11,7 +11,7 @@ from adapt.model.bidirectional import prepare_config
 from adapt.model.families import preferred_attention
 from adapt.model.loading import looks_like_hub_id, resolve_source
 from adapt.model.pooling import sink_prompts
-from adapt.model.quantization import check_quantized_weights
+from adapt.model.quantization import check_quantized_weights, dequantized_gguf
 
 
 def resolve_encoder_source(source) -> tuple[object, str | None, Path]:
@@ -72,11 +72,8 @@ def load_model(source, path: Path, model_dir: str, gguf_file, st: dict, *, bidir
         model = AutoModel.from_pretrained(model_dir, config=config, dtype=torch_dtype, attn_implementation=attn,
                                           gguf_file=gguf_file, trust_remote_code=trust_remote_code)
         tokenizer = AutoTokenizer.from_pretrained(model_dir, gguf_file=gguf_file, trust_remote_code=trust_remote_code)
-        if gguf_file:  # dequantized weights: drop the quantizer marker so the model behaves as a plain one
-            if hasattr(model.config, "quantization_config"):
-                del model.config.quantization_config
-            model.hf_quantizer = None
-            model.to(torch_dtype)
+        if gguf_file:
+            dequantized_gguf(model, torch_dtype)
     except ConfigError:
         raise
     except Exception as err:  # noqa: BLE001 - every failure here is "this is not a model we can load"

@@ -16,7 +16,7 @@ import torch
 
 from adapt.model.families import facts_for, preferred_attention
 from adapt.model.bidirectional import is_decoder_only, prepare_config
-from adapt.model.quantization import check_quantized_weights, quantizes, require_bitsandbytes
+from adapt.model.quantization import check_quantized_weights, dequantized_gguf, quantizes, require_bitsandbytes
 from adapt.config.settings import ModelConfig, TuningConfig
 from adapt.errors import ConfigError, ModelLoadError
 from adapt.model.lm_head import has_saved_lm_head, restore_lm_head
@@ -299,12 +299,7 @@ def load_decoder(cfg: ModelConfig, tuning: TuningConfig | None = None, *, bidire
             log.info("quantized on the CPU: bitsandbytes runs its portable CPU path (its faster kernel comes "
                      "from the `kernels` package, which fetches code from a hub)")
     if source.gguf_file:
-        # GGUF weights are dequantized on load; drop the marker so save_pretrained writes plain safetensors.
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.hf_quantizer = None
-        if cfg.dtype == "auto":
-            model.to(torch.float32)
+        dequantized_gguf(model, torch.float32 if cfg.dtype == "auto" else None)
     tokenizer = load_tokenizer(cfg, source)
     return model, tokenizer
 

@@ -62,3 +62,15 @@ def check_quantized_weights(config, source) -> None:
 def quantizes(tuning: TuningConfig | None) -> bool:
     """Does this tuning quantize the model (QLoRA: bitsandbytes)?"""
     return tuning is not None and tuning.method == "qlora"
+
+
+def dequantized_gguf(model, dtype=None):
+    """``model`` loaded from a GGUF file, which transformers dequantizes on load, made a plain model: the quantizer
+    marker dropped (so ``save_pretrained`` writes plain safetensors and nothing treats it as quantized), and cast to
+    ``dtype`` when given. Returns ``model``."""
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    if dtype is not None:
+        model.to(dtype)
+    return model

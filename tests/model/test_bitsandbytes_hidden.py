@@ -131,3 +131,20 @@ def test_weights_saved_quantized_need_it(bnb_restored, tmp_path):
 
     with pytest.raises(ConfigError, match="saved quantized with bitsandbytes"):
         load_encoder(str(src))
+
+
+def test_a_dequantized_gguf_model_saves_as_plain_weights(tmp_path):
+    """GGUF weights come dequantized but marked quantized: the marker would make save_pretrained write a
+    quantization_config and peft treat the model as quantized (adapt.model.quantization.dequantized_gguf)."""
+    import torch
+
+    from adapt.model.quantization import dequantized_gguf
+
+    model = tiny_decoder("llama")
+    model.config.quantization_config = {"quant_method": "gguf"}  # what transformers leaves after a GGUF load
+    model.hf_quantizer = object()
+    model.to(torch.bfloat16)
+    assert dequantized_gguf(model, torch.float32) is model
+    assert model.hf_quantizer is None and next(model.parameters()).dtype == torch.float32
+    model.save_pretrained(tmp_path)
+    assert "quantization_config" not in json.loads((tmp_path / "config.json").read_text())
